@@ -1,0 +1,44 @@
+# harnessrl: one virtual environment (.venv) for everything.
+# `make run`  sets up and runs the main job on the embedded defaults.
+# `make test` sets up and runs the test suite (what CI runs).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup run test lint bench clean system-deps
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+# bubblewrap is the default sandbox backend; installed from Debian when missing.
+system-deps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    (apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)); \
+	  elif command -v sudo >/dev/null 2>&1; then sudo apt-get install -y -q bubblewrap >/dev/null; \
+	  else echo "warning: bubblewrap (bwrap) not found; the sandbox falls back to unshare" >&2; fi; }
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+setup: system-deps $(STAMP)
+
+run: setup
+	$(VENV)/bin/harnessrl design
+
+# pytest exits 5 when it collects nothing: that is a broken suite, not a pass.
+test: setup
+	@$(PY) -m pytest -q -p no:cacheprovider; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+lint: setup
+	$(VENV)/bin/ruff check src tests benchmarks
+
+bench: setup
+	$(PY) benchmarks/bench_sandbox.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info

@@ -1,0 +1,47 @@
+"""The `harnessrl` command line: one sub-command per stage of the data flow."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from harnessrl import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Returns the top-level parser with every sub-command registered."""
+    from harnessrl import design_cli
+    from harnessrl.tasks import cli as tasks_cli
+
+    parser = argparse.ArgumentParser(
+        prog="harnessrl",
+        description="Agentic RL through many harnesses (Harness Scaling, Harness-S).",
+    )
+    parser.add_argument("--version", action="version", version=f"harnessrl {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    design_cli.register(subparsers)
+    tasks_cli.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError) as exc:
+        # Bad input (a config, a code, a task file): a clear message, not a traceback.
+        print(f"harnessrl {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

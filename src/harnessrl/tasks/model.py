@@ -1,0 +1,203 @@
+"""The task model: what an agent is asked to do, how its workspace starts, how success is decided."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from harnessrl.tasks.verify import Check, CheckContext, Verdict, evaluate
+
+if TYPE_CHECKING:
+    from harnessrl.sandbox import Sandbox
+
+ActionKind = Literal["write_file", "edit_file", "run", "submit"]
+ACTION_KINDS: tuple[str, ...] = ("write_file", "edit_file", "run", "submit")
+
+
+@dataclass(frozen=True)
+class Action:
+    """One abstract step of a gold solution, replayable through any harness's tool interface.
+
+    ``write_file`` needs ``path`` and ``content``; ``edit_file`` needs ``path``, ``old`` and
+    ``new`` (exactly one occurrence of ``old`` is replaced); ``run`` needs ``command``;
+    ``submit`` needs ``answer`` (may be empty when the task only checks the workspace).
+    """
+
+    kind: ActionKind
+    path: str | None = None
+    content: str | None = None
+    old: str | None = None
+    new: str | None = None
+    command: str | None = None
+    answer: str | None = None
+
+    def __post_init__(self) -> None:
+        required = {
+            "write_file": ("path", "content"),
+            "edit_file": ("path", "old", "new"),
+            "run": ("command",),
+            "submit": (),
+        }
+        if self.kind not in required:
+            raise ValueError(f"unknown action kind {self.kind!r}; expected one of {ACTION_KINDS}")
+        missing = [name for name in required[self.kind] if getattr(self, name) is None]
+        if missing:
+            raise ValueError(f"action {self.kind!r} needs field(s) {', '.join(missing)}")
+
+    @classmethod
+    def write(cls, path: str, content: str) -> Action:
+        return cls("write_file", path=path, content=content)
+
+    @classmethod
+    def edit(cls, path: str, old: str, new: str) -> Action:
+        return cls("edit_file", path=path, old=old, new=new)
+
+    @classmethod
+    def run(cls, command: str) -> Action:
+        return cls("run", command=command)
+
+    @classmethod
+    def submit(cls, answer: str = "") -> Action:
+        return cls("submit", answer=answer)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the action as a plain dict without unset fields."""
+        out: dict[str, Any] = {"kind": self.kind}
+        for name in ("path", "content", "old", "new", "command", "answer"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Action:
+        unknown = set(data) - {"kind", "path", "content", "old", "new", "command", "answer"}
+        if unknown:
+            raise ValueError(f"unknown action field(s): {', '.join(sorted(unknown))}")
+        if "kind" not in data:
+            raise ValueError(f"action needs 'kind' (one of {', '.join(ACTION_KINDS)})")
+        return cls(**dict(data))
+
+    def as_shell(self) -> str:
+        """Returns a shell command with the same effect (used by shell-only harnesses)."""
+        if self.kind == "run":
+            return str(self.command)
+        if self.kind == "write_file":
+            path = shlex.quote(str(self.path))
+            parent = shlex.quote(str(Path(str(self.path)).parent))
+            body = str(self.content)
+            marker = "HARNESSRL_EOF"
+            while marker in body:
+                marker += "_"
+            nl = "" if body.endswith("\n") or body == "" else "\n"
+            if nl:
+                # A heredoc always ends with a newline; strip it again with python when needed.
+                return (
+                    f"mkdir -p {parent} && python3 -c 'import sys; "
+                    f"open(sys.argv[1], \"w\").write(sys.argv[2])' {path} {shlex.quote(body)}"
+                )
+            return f"mkdir -p {parent} && cat > {path} <<'{marker}'\n{body}{marker}"
+        if self.kind == "edit_file":
+            script = (
+                "import sys; p, o, n = sys.argv[1:4]; s = open(p).read(); "
+                "c = s.count(o); assert c == 1, f'{c} occurrences'; open(p, 'w').write(s.replace(o, n))"
+            )
+            return (
+                f"python3 -c {shlex.quote(script)} {shlex.quote(str(self.path))} "
+                f"{shlex.quote(str(self.old))} {shlex.quote(str(self.new))}"
+            )
+        return "true"
+
+
+SetupBuilder = Callable[[Path], None]
+
+
+@dataclass
+class TaskSetup:
+    """How a task's workspace starts.
+
+    ``files`` maps workspace-relative paths to text or bytes; ``builder`` is trusted suite code
+    (not model output) called with the workspace's host path to lay binary fixtures such as
+    sqlite databases; ``script`` is a shell script run inside the sandbox after both.
+    A builder must be a module-level function (or ``functools.partial`` of one) so that task
+    checks can run in worker processes.
+    """
+
+    files: dict[str, str | bytes] = field(default_factory=dict)
+    script: str | None = None
+    builder: SetupBuilder | None = None
+
+
+@dataclass
+class Task:
+    """One task: instruction, starting workspace, verifier and gold solution.
+
+    ``protected_files`` are laid into the workspace after the episode and before the
+    verifier runs (tests the agent must not edit), so rewriting them cannot pass a task.
+    ``expects_answer`` says the task is solved by a submitted answer (checked with
+    ``AnswerEquals`` and friends) rather than only by the state of the workspace.
+    """
+
+    id: str
+    instruction: str
+    verifier: Check
+    gold: list[Action]
+    setup: TaskSetup = field(default_factory=TaskSetup)
+    family: str = "misc"
+    tier: int = 1
+    split: str = "train"
+    tags: tuple[str, ...] = ()
+    protected_files: dict[str, str] = field(default_factory=dict)
+    expects_answer: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.id or any(c.isspace() for c in self.id):
+            raise ValueError(f"task id {self.id!r} must be non-empty and contain no whitespace")
+        if not self.instruction.strip():
+            raise ValueError(f"task {self.id}: instruction is empty")
+        if not 1 <= int(self.tier) <= 4:
+            raise ValueError(f"task {self.id}: tier {self.tier} is out of range 1..4")
+        if not isinstance(self.verifier, Check):
+            raise TypeError(f"task {self.id}: verifier must be a Check, got {type(self.verifier)}")
+
+
+def prepare_workspace(task: Task, sandbox: Sandbox) -> None:
+    """Lays out the task's starting workspace in ``sandbox`` (files, builder, then script)."""
+    for rel_path, content in task.setup.files.items():
+        sandbox.write_file(rel_path, content)
+    if task.setup.builder is not None:
+        task.setup.builder(sandbox.workspace.root)
+    if task.setup.script:
+        result = sandbox.exec(task.setup.script)
+        if not result.ok:
+            raise RuntimeError(
+                f"task {task.id}: setup script failed (exit {result.exit_code}): "
+                f"{(result.stderr or result.stdout)[-500:]}"
+            )
+
+
+def verify_task(task: Task, sandbox: Sandbox, answer: str | None = None) -> Verdict:
+    """Returns the verdict on the workspace (and submitted answer) after an episode.
+
+    Protected files are laid in first, overwriting whatever the agent left at those paths.
+    """
+    for rel_path, content in task.protected_files.items():
+        sandbox.write_file(rel_path, content)
+    return evaluate(task.verifier, CheckContext(sandbox=sandbox, answer=answer))
+
+
+def apply_action(action: Action, sandbox: Sandbox) -> str | None:
+    """Applies one gold action directly to the sandbox; returns the submitted answer if any."""
+    if action.kind == "write_file":
+        sandbox.write_file(str(action.path), str(action.content))
+    elif action.kind == "edit_file":
+        sandbox.edit_file(str(action.path), str(action.old), str(action.new))
+    elif action.kind == "run":
+        sandbox.exec(str(action.command))
+    elif action.kind == "submit":
+        return action.answer or ""
+    return None

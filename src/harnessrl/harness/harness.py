@@ -1,0 +1,138 @@
+"""`Harness`: five components composed, plus the limits an episode runs under."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harnessrl.harness.base import ContextPolicy, ObservationFormat, SystemPrompt, ToolInterface, Workflow
+from harnessrl.harness.registry import component_class, out_of_space_class, registered_space
+from harnessrl.space import HarnessConfig
+
+
+@dataclass(frozen=True)
+class HarnessLimits:
+    """Limits of one episode, each with a default sized for small models on CPU."""
+
+    max_turns: int = 20  # policy calls per episode
+    max_new_tokens: int = 384  # tokens the policy may sample per turn
+    context_tokens: int = 8192  # the model's context window (SmolLM2: 8192)
+    max_consecutive_format_errors: int = 3  # then the episode ends with status format_errors
+    command_timeout_s: float = 30.0  # wall-clock limit of one command in the sandbox
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1 or self.max_new_tokens < 1:
+            raise ValueError("max_turns and max_new_tokens must be >= 1")
+        if self.context_tokens <= self.max_new_tokens:
+            raise ValueError(
+                f"context_tokens ({self.context_tokens}) must exceed max_new_tokens ({self.max_new_tokens})"
+            )
+
+
+# Out-of-space harnesses: complete harnesses whose tool syntax (and, for codex-like, the
+# observation format) is used by none of the 243 configurations.
+OUT_OF_SPACE_PRESETS: dict[str, dict[str, tuple[str, int | str]]] = {
+    "codex-like": {"S": ("in", 1), "T": ("out", "codex_exec"), "O": ("out", "codex_header"),
+                   "C": ("in", 2), "W": ("in", 0)},
+    "aider-like": {"S": ("in", 0), "T": ("out", "aider_editblock"), "O": ("in", 0),
+                   "C": ("in", 0), "W": ("in", 2)},
+}
+
+
+class Harness:
+    """A concrete harness: system prompt, tool interface, observation format, context policy
+    and workflow. ``code`` is the configuration code (or the out-of-space harness name)."""
+
+    def __init__(
+        self,
+        system: SystemPrompt,
+        tools: ToolInterface,
+        observation: ObservationFormat,
+        context: ContextPolicy,
+        workflow: Workflow,
+        code: str,
+        limits: HarnessLimits | None = None,
+        out_of_space: bool = False,
+    ) -> None:
+        self.system = system
+        self.tools = tools
+        self.observation = observation
+        self.context = context
+        self.workflow = workflow
+        self.code = code
+        self.limits = limits or HarnessLimits()
+        self.out_of_space = out_of_space
+
+    def __repr__(self) -> str:
+        return f"Harness({self.code!r})"
+
+    @classmethod
+    def from_config(cls, config: HarnessConfig | str, limits: HarnessLimits | None = None) -> Harness:
+        """Returns the harness of an in-space configuration (a ``HarnessConfig`` or its code)."""
+        space = registered_space()
+        if isinstance(config, str):
+            config = space.parse(config)
+        parts = {letter: component_class(letter, level)() for letter, level in zip(config.letters, config.levels, strict=True)}
+        return cls(
+            parts["S"], parts["T"], parts["O"], parts["C"], parts["W"],  # type: ignore[arg-type]
+            code=config.code, limits=limits,
+        )
+
+    @classmethod
+    def out_of_space_harness(cls, name: str, limits: HarnessLimits | None = None) -> Harness:
+        """Returns a named out-of-space harness (see ``OUT_OF_SPACE_PRESETS``)."""
+        if name not in OUT_OF_SPACE_PRESETS:
+            raise ValueError(f"unknown out-of-space harness {name!r}; known: {', '.join(OUT_OF_SPACE_PRESETS)}")
+        parts = {}
+        for letter, (where, key) in OUT_OF_SPACE_PRESETS[name].items():
+            klass = component_class(letter, int(key)) if where == "in" else out_of_space_class(letter, str(key))
+            parts[letter] = klass()
+        return cls(
+            parts["S"], parts["T"], parts["O"], parts["C"], parts["W"],  # type: ignore[arg-type]
+            code=name, limits=limits, out_of_space=True,
+        )
+
+    @classmethod
+    def named(cls, name: str, limits: HarnessLimits | None = None) -> Harness:
+        """Returns an in-space harness by code or an out-of-space harness by name."""
+        if name in OUT_OF_SPACE_PRESETS:
+            return cls.out_of_space_harness(name, limits)
+        return cls.from_config(name, limits)
+
+
+def out_of_space_names() -> list[str]:
+    """Returns the names of the out-of-space harnesses."""
+    return list(OUT_OF_SPACE_PRESETS)
+
+
+HARNESS_SETS: tuple[str, ...] = ("design", "held-out", "out-of-space", "all", "space")
+
+
+def resolve_harness_set(spec: str, seed: int = 0, held_out: int = 18) -> list[str]:
+    """Returns harness names for a set spec: ``design`` (the 18 training configurations),
+    ``held-out`` (the in-space test set), ``out-of-space``, ``all`` (design + held-out +
+    out-of-space), ``space`` (all 243), or comma-separated codes and out-of-space names."""
+    from harnessrl.design import orthogonal
+
+    space = registered_space()
+    names: list[str] = []
+    for part in [p.strip() for p in spec.split(",") if p.strip()]:
+        if part in ("design", "held-out", "all", "space"):
+            design = orthogonal(space)
+            if part == "space":
+                names += [c.code for c in space.all_configs]
+                continue
+            if part in ("design", "all"):
+                names += design.codes
+            if part in ("held-out", "all"):
+                names += [c.code for c in design.held_out(held_out, seed).configs]
+            if part == "all":
+                names += out_of_space_names()
+        elif part == "out-of-space":
+            names += out_of_space_names()
+        elif part in OUT_OF_SPACE_PRESETS:
+            names.append(part)
+        else:
+            names.append(space.parse(part).code)  # raises a clear error for a bad code
+    if not names:
+        raise ValueError(f"no harnesses in {spec!r}; use codes or one of {', '.join(HARNESS_SETS)}")
+    return list(dict.fromkeys(names))

@@ -1,0 +1,94 @@
+"""The component registry: (factor letter, level) -> realization, and the space built from it.
+
+Users add a level by subclassing a component with a new ``level`` and calling
+``register``; a new factor needs ``register_factor`` first (its components then have to be
+understood by the episode loop, which only knows the five default factors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harnessrl.harness.base import Component
+from harnessrl.space import Factor, HarnessSpace, Level
+
+
+@dataclass(frozen=True)
+class FactorInfo:
+    name: str
+    letter: str
+    description: str
+
+
+_FACTORS: list[FactorInfo] = [
+    FactorInfo("system_prompt", "S", "system prompt and reminders"),
+    FactorInfo("tool_interface", "T", "tool set, schemas and call syntax"),
+    FactorInfo("observation", "O", "how tool output is shown"),
+    FactorInfo("context", "C", "which history the policy sees"),
+    FactorInfo("workflow", "W", "control loop around actions"),
+]
+_COMPONENTS: dict[tuple[str, int], type[Component]] = {}
+_OUT_OF_SPACE: dict[str, dict[str, type[Component]]] = {}
+
+
+def register_factor(name: str, letter: str, description: str = "") -> None:
+    """Adds a factor (appended after the existing ones)."""
+    if any(f.letter == letter for f in _FACTORS):
+        raise ValueError(f"factor letter {letter!r} is already registered")
+    _FACTORS.append(FactorInfo(name, letter, description))
+
+
+def register(cls: type[Component]) -> type[Component]:
+    """Registers a component class (usable as a decorator). Out-of-space components are kept
+    apart: they never enter the space."""
+    if cls.out_of_space:
+        _OUT_OF_SPACE.setdefault(cls.letter, {})[cls.name] = cls
+        return cls
+    if not any(f.letter == cls.letter for f in _FACTORS):
+        raise ValueError(f"{cls.__name__}: unknown factor letter {cls.letter!r}")
+    key = (cls.letter, cls.level)
+    existing = _COMPONENTS.get(key)
+    if existing is not None and existing is not cls:
+        raise ValueError(f"level {cls.letter}{cls.level} is already registered by {existing.__name__}")
+    _COMPONENTS[key] = cls
+    return cls
+
+
+def _ensure_builtin() -> None:
+    # Importing the factor modules registers the built-in realizations.
+    from harnessrl.harness import context, observation, prompts, tools, workflow  # noqa: F401
+
+
+def component_class(letter: str, level: int) -> type[Component]:
+    """Returns the registered realization of ``letter`` at ``level``."""
+    _ensure_builtin()
+    try:
+        return _COMPONENTS[(letter, level)]
+    except KeyError:
+        levels = sorted(lv for (ltr, lv) in _COMPONENTS if ltr == letter)
+        raise KeyError(f"no realization registered for {letter}{level}; registered levels: {levels}") from None
+
+
+def out_of_space_class(letter: str, name: str) -> type[Component]:
+    """Returns an out-of-space component by factor letter and name."""
+    _ensure_builtin()
+    try:
+        return _OUT_OF_SPACE[letter][name]
+    except KeyError:
+        names = sorted(_OUT_OF_SPACE.get(letter, {}))
+        raise KeyError(f"no out-of-space {letter} component {name!r}; known: {names}") from None
+
+
+def registered_space() -> HarnessSpace:
+    """Returns the harness space made of every registered factor and level (contiguous levels)."""
+    _ensure_builtin()
+    factors = []
+    for info in _FACTORS:
+        levels = sorted(lv for (ltr, lv) in _COMPONENTS if ltr == info.letter)
+        if levels != list(range(len(levels))):
+            raise ValueError(f"factor {info.letter} has non-contiguous levels {levels}")
+        classes = [_COMPONENTS[(info.letter, lv)] for lv in levels]
+        factors.append(
+            Factor(info.name, info.letter, tuple(Level(c.name, c.description) for c in classes))
+        )
+    return HarnessSpace(factors)

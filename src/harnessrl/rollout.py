@@ -1,0 +1,252 @@
+"""The rollout engine: many episodes at once, one batched policy call for all that wait.
+
+Each episode is a state machine (``episode.Episode``). The engine keeps up to
+``max_concurrent`` episodes in flight: every episode waiting for the model goes into one
+``policy.generate`` batch, while sandbox steps (laying out workspaces, running commands,
+verifying) run in a thread pool; an episode that finishes frees its slot for the next job
+at once. An episode that raises is recorded with status ``error`` and the rest go on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from harnessrl.episode import Episode
+from harnessrl.harness.harness import Harness
+from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
+from harnessrl.sandbox import SandboxLimits, open_sandbox
+from harnessrl.tasks.model import Task
+from harnessrl.trajectory import Trajectory
+
+
+@dataclass
+class RolloutJob:
+    """One episode to run: a task under a harness, with a seed and free-form tags."""
+
+    task: Task
+    harness: Harness
+    seed: int = 0
+    tags: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RolloutStats:
+    """Timing and throughput of one ``run``."""
+
+    episodes: int = 0
+    errored: int = 0
+    passed: int = 0
+    generation_calls: int = 0
+    tokens_generated: int = 0
+    generation_time_s: float = 0.0
+    sandbox_time_s: float = 0.0
+    harness_time_s: float = 0.0
+    wall_time_s: float = 0.0
+    mean_batch_size: float = 0.0
+
+    @property
+    def episodes_per_s(self) -> float:
+        return self.episodes / self.wall_time_s if self.wall_time_s else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_generated / self.wall_time_s if self.wall_time_s else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["episodes_per_s"] = round(self.episodes_per_s, 4)
+        out["tokens_per_s"] = round(self.tokens_per_s, 2)
+        return out
+
+
+class _Slot:
+    """An episode in flight with its sandbox and the job it came from."""
+
+    def __init__(self, index: int, job: RolloutJob) -> None:
+        self.index, self.job = index, job
+        self.episode: Episode | None = None
+        self.sandbox: Any = None
+        self.request: GenerationRequest | None = None
+        self.trajectory: Trajectory | None = None
+
+
+class RolloutEngine:
+    """Runs rollout jobs concurrently against one policy and returns their trajectories."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        max_concurrent: int = 8,
+        env_workers: int = 4,
+        sampling: SamplingParams | None = None,
+        backend: str = "auto",
+        sandbox_limits: SandboxLimits | None = None,
+        progress: bool = False,
+        on_trajectory: Callable[[int, Trajectory], None] | None = None,
+    ) -> None:
+        if max_concurrent < 1 or env_workers < 1:
+            raise ValueError("max_concurrent and env_workers must be >= 1")
+        self.policy = policy
+        self.max_concurrent = max_concurrent
+        self.env_workers = env_workers
+        self.sampling = sampling
+        self.backend = backend
+        self.sandbox_limits = sandbox_limits
+        self.progress = progress
+        self.on_trajectory = on_trajectory
+
+    # -- environment work, run in the thread pool ----------------------------------------
+    def _open(self, slot: _Slot) -> _Slot:
+        job = slot.job
+        try:
+            limits = self.sandbox_limits or SandboxLimits(timeout_s=job.harness.limits.command_timeout_s)
+            slot.sandbox = open_sandbox(backend=self.backend, limits=limits)
+            slot.episode = Episode(job.harness, job.task, slot.sandbox, self.policy.tokenizer, self.sampling, job.seed)
+            slot.episode.start()
+            return self._next_request(slot)
+        except Exception as exc:
+            return self._fail(slot, exc)
+
+    def _step(self, slot: _Slot, generation: Generation) -> _Slot:
+        try:
+            assert slot.episode is not None
+            slot.episode.advance(generation)
+            return self._next_request(slot)
+        except Exception as exc:
+            return self._fail(slot, exc)
+
+    def _next_request(self, slot: _Slot) -> _Slot:
+        episode = slot.episode
+        assert episode is not None
+        slot.request = None if episode.done else episode.request()
+        if slot.request is None:
+            self._finish(slot)
+        return slot
+
+    def _fail(self, slot: _Slot, exc: BaseException) -> _Slot:
+        job = slot.job
+        error = f"{type(exc).__name__}: {exc}"
+        if slot.episode is not None:
+            slot.episode.error = error
+            slot.episode._end("error")
+            try:
+                self._finish(slot)
+                return slot
+            except Exception:  # fall through to a bare record
+                pass
+        slot.trajectory = Trajectory(
+            task_id=job.task.id, config=job.harness.code, harness=job.harness.code, status="error",
+            error=error, policy=self.policy.name, seed=job.seed, out_of_space=job.harness.out_of_space,
+        )
+        self._close(slot)
+        return slot
+
+    def _finish(self, slot: _Slot) -> None:
+        assert slot.episode is not None
+        try:
+            slot.trajectory = slot.episode.finish(self.policy.name)
+            slot.trajectory.metrics.update({f"tag_{k}": v for k, v in slot.job.tags.items()})
+        finally:
+            self._close(slot)
+
+    @staticmethod
+    def _close(slot: _Slot) -> None:
+        if slot.sandbox is not None:
+            try:
+                slot.sandbox.close()
+            except Exception:
+                pass
+            slot.sandbox = None
+
+    # -- the scheduler ---------------------------------------------------------------------
+    def run(self, jobs: Iterable[RolloutJob]) -> tuple[list[Trajectory], RolloutStats]:
+        """Runs every job; returns trajectories in job order (errored ones included) and stats."""
+        jobs = list(jobs)
+        stats = RolloutStats()
+        results: list[Trajectory | None] = [None] * len(jobs)
+        start = time.perf_counter()
+        bar = _progress_bar(len(jobs)) if self.progress else None
+        pending = iter(enumerate(jobs))
+        in_flight: set[Future[_Slot]] = set()
+        waiting: list[_Slot] = []
+        batch_sizes: list[int] = []
+
+        with ThreadPoolExecutor(max_workers=self.env_workers, thread_name_prefix="rollout-env") as pool:
+
+            def launch() -> None:
+                while len(in_flight) + len(waiting) < self.max_concurrent:
+                    nxt = next(pending, None)
+                    if nxt is None:
+                        return
+                    in_flight.add(pool.submit(self._open, _Slot(*nxt)))
+
+            def collect(done: Iterable[Future[_Slot]]) -> None:
+                for future in done:
+                    in_flight.discard(future)
+                    slot = future.result()  # _open/_step never raise
+                    if slot.trajectory is not None:
+                        results[slot.index] = slot.trajectory
+                        self._account(stats, slot.trajectory)
+                        if self.on_trajectory is not None:
+                            self.on_trajectory(slot.index, slot.trajectory)
+                        if bar is not None:
+                            bar.update(1)
+                            bar.set_postfix(tok_s=f"{stats.tokens_generated / max(1e-9, time.perf_counter() - start):.1f}")
+                    else:
+                        waiting.append(slot)
+
+            launch()
+            while in_flight or waiting:
+                # Take every episode that is ready now; block only when none is.
+                done = {f for f in in_flight if f.done()}
+                if not done and not waiting:
+                    done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                collect(done)
+                launch()
+                if not waiting:
+                    continue
+                batch, waiting = waiting, []
+                generations = self._generate(batch, stats)
+                batch_sizes.append(len(batch))
+                for slot, generation in zip(batch, generations, strict=True):
+                    in_flight.add(pool.submit(self._step, slot, generation))
+        if bar is not None:
+            bar.close()
+        stats.wall_time_s = time.perf_counter() - start
+        stats.mean_batch_size = sum(batch_sizes) / len(batch_sizes) if batch_sizes else 0.0
+        missing = [i for i, r in enumerate(results) if r is None]
+        if missing:  # pragma: no cover - every path records a trajectory
+            raise RuntimeError(f"rollout lost episodes {missing}")
+        return [r for r in results if r is not None], stats
+
+    def _generate(self, batch: Sequence[_Slot], stats: RolloutStats) -> list[Generation]:
+        requests = [slot.request for slot in batch]
+        t0 = time.perf_counter()
+        try:
+            generations = self.policy.generate(requests)  # type: ignore[arg-type]
+            if len(generations) != len(requests):
+                raise RuntimeError(f"policy returned {len(generations)} generations for {len(requests)} requests")
+        except Exception as exc:  # a policy failure ends these episodes, not the run
+            generations = [Generation([], [], "error", error=f"{type(exc).__name__}: {exc}") for _ in requests]
+        stats.generation_time_s += time.perf_counter() - t0
+        stats.generation_calls += 1
+        stats.tokens_generated += sum(len(g.token_ids) for g in generations)
+        return generations
+
+    @staticmethod
+    def _account(stats: RolloutStats, trajectory: Trajectory) -> None:
+        stats.episodes += 1
+        stats.errored += trajectory.status == "error"
+        stats.passed += bool(trajectory.passed)
+        stats.sandbox_time_s += float(trajectory.metrics.get("sandbox_time_s", 0.0))
+        stats.harness_time_s += float(trajectory.metrics.get("harness_time_s", 0.0))
+
+
+def _progress_bar(total: int) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="episodes", unit="ep", dynamic_ncols=True)

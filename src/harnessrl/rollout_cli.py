@@ -1,0 +1,114 @@
+"""`harnessrl rollout`: run a policy through harnesses on tasks and show or score the episodes."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from collections import defaultdict
+from typing import Any
+
+from harnessrl.harness.harness import HARNESS_SETS, Harness, HarnessLimits, resolve_harness_set
+from harnessrl.policy.scripted import SCRIPTED_POLICIES
+from harnessrl.rollout import RolloutEngine, RolloutJob
+from harnessrl.tasks.suite import load_suite
+from harnessrl.trajectory import Trajectory, save_jsonl
+
+
+def register(subparsers: Any) -> None:
+    """Adds the `rollout` sub-command."""
+    p = subparsers.add_parser(
+        "rollout",
+        help="run episodes of a policy through harnesses on tasks",
+        description="Runs episodes (task x harness x policy) and prints transcripts or a JSON summary.",
+    )
+    p.add_argument("--policy", default="oracle", help=f"policy: {', '.join(SCRIPTED_POLICIES)}")
+    p.add_argument(
+        "--configs", default="S0-T0-O0-C0-W0",
+        help=f"comma-separated codes or out-of-space names, or one of {', '.join(HARNESS_SETS)}",
+    )
+    p.add_argument("--suite", default="workspace", help="task suite name or task file")
+    p.add_argument("--split", default="test", help="task split")
+    p.add_argument("--limit", type=int, default=3, help="tasks to run (per harness)")
+    p.add_argument("--seed", type=int, default=0, help="seed for task sampling and policies")
+    p.add_argument("--max-turns", type=int, default=HarnessLimits.max_turns, help="turn limit per episode")
+    p.add_argument("--concurrent", type=int, default=8, help="episodes in flight at once")
+    p.add_argument("--workers", type=int, default=4, help="threads for sandbox steps")
+    p.add_argument("--backend", default="auto", help="sandbox backend: auto, bwrap, unshare, none")
+    p.add_argument("--out", default=None, help="write trajectories to this JSONL file")
+    p.add_argument("--show", action="store_true", help="print a readable transcript of every episode")
+    p.add_argument("--spans", action="store_true", help="with --show, label the first prompt's spans")
+    p.add_argument("--json", action="store_true", help="print one JSON object with pass_rate and per-config results")
+    p.set_defaults(func=run_rollout)
+
+
+def make_policy(name: str, seed: int) -> Any:
+    """Returns a policy by name (scripted ones now; model policies register here later)."""
+    if name == "random":
+        return SCRIPTED_POLICIES["random"](seed=seed)
+    if name in SCRIPTED_POLICIES:
+        return SCRIPTED_POLICIES[name]()
+    raise ValueError(f"unknown policy {name!r}; available: {', '.join(SCRIPTED_POLICIES)}")
+
+
+def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
+    """Returns pass rate overall and per configuration, with status counts."""
+    per_config: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajectories:
+        per_config[t.config].append(t)
+
+    def stats(items: list[Trajectory]) -> dict[str, Any]:
+        statuses: dict[str, int] = defaultdict(int)
+        for t in items:
+            statuses[t.status] += 1
+        return {
+            "episodes": len(items),
+            "passed": sum(t.passed for t in items),
+            "pass_rate": sum(t.passed for t in items) / len(items) if items else 0.0,
+            "format_errors": sum(t.metrics.get("format_errors", 0) for t in items),
+            "tool_errors": sum(t.metrics.get("tool_errors", 0) for t in items),
+            "statuses": dict(statuses),
+        }
+
+    overall = stats(trajectories)
+    return {
+        **overall,
+        "per_config": {code: stats(items) for code, items in per_config.items()},
+        "failures": [
+            {"task": t.task_id, "config": t.config, "status": t.status, "error": t.error}
+            for t in trajectories if not t.passed
+        ],
+    }
+
+
+def run_rollout(args: argparse.Namespace) -> int:
+    limits = HarnessLimits(max_turns=args.max_turns)
+    harnesses = [Harness.named(name, limits) for name in resolve_harness_set(args.configs, args.seed)]
+    suite = load_suite(args.suite)
+    tasks = list(suite.tasks(args.split, limit=args.limit, seed=args.seed))
+    if not tasks:
+        raise ValueError(f"suite {args.suite!r} split {args.split!r} has no tasks")
+    policy = make_policy(args.policy, args.seed)
+    jobs = [RolloutJob(task, harness, seed=args.seed) for harness, task in itertools.product(harnesses, tasks)]
+    engine = RolloutEngine(
+        policy, max_concurrent=args.concurrent, env_workers=args.workers, backend=args.backend,
+        progress=not args.json and sys.stderr.isatty(),
+    )
+    trajectories, stats = engine.run(jobs)
+    if args.out:
+        save_jsonl(trajectories, args.out)
+    summary = summarize(trajectories)
+    summary["timing"] = stats.to_dict()
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        if args.show:
+            for t in trajectories:
+                print(t.transcript(policy.tokenizer, show_spans=args.spans))
+                print()
+        for code, s in summary["per_config"].items():
+            print(f"{code:<16} {s['passed']}/{s['episodes']} passed  statuses={s['statuses']}")
+        print(f"pass_rate: {summary['pass_rate']:.3f} over {summary['episodes']} episodes")
+    sys.stdout.flush()
+    return 0

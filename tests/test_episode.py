@@ -1,0 +1,162 @@
+"""The agent loop end to end: the oracle carries every task through every harness; bad output
+is an observation; token ids stay aligned; golden renders of the model input."""
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from harnessrl.design import orthogonal
+from harnessrl.episode import Episode, run_episode
+from harnessrl.harness import Harness, HarnessLimits, out_of_space_names
+from harnessrl.harness.base import SPAN_POLICY
+from harnessrl.harness.registry import registered_space
+from harnessrl.policy.base import Generation
+from harnessrl.policy.scripted import OraclePolicy, RandomPolicy, ReplayPolicy
+from harnessrl.rollout import RolloutEngine, RolloutJob
+from harnessrl.sandbox import open_sandbox
+from harnessrl.tasks import Action, FileEquals, Task
+from harnessrl.tasks.suite import load_suite
+
+GOLDEN = Path(__file__).parent / "golden"
+SUITE = load_suite("workspace")
+
+
+def sample_tasks(split, n, seed):
+    return list(SUITE.tasks(split, limit=n, seed=seed))
+
+
+def simple_task():
+    return Task(
+        id="golden-task",
+        instruction="Create a file named hello.txt containing the word hello.",
+        verifier=FileEquals("hello.txt", "hello"),
+        gold=[Action.write("hello.txt", "hello\n"), Action.submit("")],
+    )
+
+
+def test_space_is_built_from_the_registry():
+    space = registered_space()
+    assert space.letters == ("S", "T", "O", "C", "W") and space.size == 243
+    names = [lv.name for lv in space.factor("T").levels]
+    assert names == ["shell_block", "shell_editor_json", "fine_grained_tagged"]
+
+
+def test_oracle_passes_under_every_training_config_and_out_of_space():
+    """CI subset: the 18 design configs touch every level of every factor."""
+    design = orthogonal(registered_space())
+    names = design.codes + out_of_space_names()
+    tasks = sample_tasks("test", 40, seed=1)
+    rng = random.Random(0)
+    jobs = [RolloutJob(task, Harness.named(name), seed=1) for name in names for task in rng.sample(tasks, 6)]
+    trajectories, stats = RolloutEngine(OraclePolicy(), max_concurrent=8, env_workers=4).run(jobs)
+    failures = [(t.config, t.task_id, t.status, t.error, t.verdict) for t in trajectories if not t.passed]
+    assert not failures, failures[:5]
+    assert stats.episodes == len(jobs) and stats.errored == 0
+    for t in trajectories:
+        assert t.metrics["format_errors"] == 0, (t.config, t.task_id)
+
+
+@pytest.mark.slow
+def test_oracle_passes_every_config_of_the_space():
+    tasks = sample_tasks("test", 300, seed=2) + sample_tasks("train", 300, seed=2)
+    rng = random.Random(1)
+    names = [c.code for c in registered_space().all_configs] + out_of_space_names()
+    jobs = [RolloutJob(task, Harness.named(name)) for name in names for task in rng.sample(tasks, 8)]
+    trajectories, _ = RolloutEngine(OraclePolicy(), max_concurrent=8, env_workers=4).run(jobs)
+    failures = [(t.config, t.task_id, t.status, t.error) for t in trajectories if not t.passed]
+    assert not failures, failures[:5]
+
+
+@pytest.mark.parametrize(
+    "code", ["S0-T0-O0-C0-W0", "S1-T1-O1-C1-W1", "S2-T2-O2-C2-W2", "codex-like", "aider-like"]
+)
+def test_rendered_model_input_matches_golden(code):
+    harness = Harness.named(code)
+    policy = OraclePolicy()
+    with open_sandbox() as sandbox:
+        episode = Episode(harness, simple_task(), sandbox, policy.tokenizer)
+        episode.start()
+        request = episode.request()
+    text = policy.tokenizer.decode(request.prompt_ids)
+    path = GOLDEN / f"{code}.txt"
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    assert path.exists(), f"golden file {path.name} is missing; run with UPDATE_GOLDEN=1 and review it"
+    assert text == path.read_text(encoding="utf-8"), f"rendered input changed for {code}; UPDATE_GOLDEN=1 to accept"
+
+
+def test_token_in_token_out_policy_ids_are_reused_verbatim():
+    harness = Harness.named("S0-T1-O0-C0-W0")
+    task = sample_tasks("test", 1, seed=3)[0]
+    traj = run_episode(harness, task, OraclePolicy())
+    assert traj.passed and len(traj.turns) >= 2
+    last = traj.turns[-1]
+    labels = last.prompt_labels()
+    policy_in_prompt = [i for i, s in zip(last.prompt_ids, labels, strict=True) if s == SPAN_POLICY]
+    assert policy_in_prompt == [i for t in traj.turns[:-1] for i in t.completion_ids]
+    samples = traj.training_samples()
+    assert len(samples) == 1  # append-only context trains as one sequence
+    trained = [i for i, m in zip(samples[0].input_ids, samples[0].loss_mask, strict=True) if m]
+    assert trained == [i for t in traj.turns for i in t.completion_ids]
+
+
+@pytest.mark.parametrize(
+    "code", ["S0-T0-O1-C0-W0", "S1-T1-O2-C1-W1", "S2-T2-O0-C2-W2", "codex-like", "aider-like"]
+)
+def test_random_policy_never_crashes_and_errors_are_counted(code):
+    limits = HarnessLimits(max_turns=8, max_consecutive_format_errors=3)
+    for seed in range(3):
+        traj = run_episode(Harness.named(code, limits), simple_task(), RandomPolicy(seed=seed))
+        assert traj.status in {"submitted", "max_turns", "format_errors"}, (traj.status, traj.error)
+        assert traj.error is None
+        flagged = sum(1 for t in traj.turns if t.error)
+        assert traj.metrics["format_errors"] + traj.metrics["tool_errors"] >= flagged
+
+
+class GarbagePolicy(OraclePolicy):
+    name = "garbage"
+
+    def generate(self, requests):
+        ids = self.tokenizer.completion_ids("I am thinking...")
+        return [Generation(ids, [0.0] * len(ids), "stop") for _ in requests]
+
+
+def test_consecutive_format_errors_end_the_episode():
+    limits = HarnessLimits(max_turns=10, max_consecutive_format_errors=3)
+    traj = run_episode(Harness.named("S0-T0-O1-C0-W0", limits), simple_task(), GarbagePolicy())
+    assert traj.status == "format_errors" and len(traj.turns) == 3 and not traj.passed
+    assert traj.metrics["format_errors"] == 3
+    assert "<error" in traj.turns[0].observation
+
+
+def test_context_exceeded_is_a_status():
+    limits = HarnessLimits(max_turns=10, context_tokens=600, max_new_tokens=300)
+    traj = run_episode(Harness.named("S2-T2-O0-C0-W0", limits), simple_task(), OraclePolicy())
+    assert traj.status == "context_exceeded" and not traj.passed
+
+
+def test_replay_policy_reproduces_a_trajectory():
+    harness = Harness.named("S1-T2-O1-C0-W2")
+    task = sample_tasks("test", 1, seed=5)[0]
+    original = run_episode(harness, task, OraclePolicy())
+    replayed = run_episode(harness, task, ReplayPolicy(original))
+    assert replayed.passed == original.passed
+    assert [t.completion_ids for t in replayed.turns] == [t.completion_ids for t in original.turns]
+    assert [t.prompt_ids for t in replayed.turns] == [t.prompt_ids for t in original.turns]
+
+
+class ExplodingPolicy(OraclePolicy):
+    def generate(self, requests):
+        raise RuntimeError("boom")
+
+
+def test_engine_isolates_failures_and_returns_every_episode():
+    tasks = sample_tasks("test", 3, seed=6)
+    jobs = [RolloutJob(t, Harness.named("S0-T0-O0-C0-W0")) for t in tasks]
+    trajectories, stats = RolloutEngine(ExplodingPolicy(), max_concurrent=2).run(jobs)
+    assert len(trajectories) == 3 and all(t.status == "error" and "boom" in t.error for t in trajectories)
+    assert [t.task_id for t in trajectories] == [t.id for t in tasks]
+    assert stats.errored == 3

@@ -1,0 +1,1 @@
+"""Reinforcement learning: losses, advantages, trainers and the harness-scaling loop."""

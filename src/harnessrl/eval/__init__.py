@@ -1,0 +1,1 @@
+"""Evaluation: pass@k metrics and in-space / out-of-space evaluation of a policy."""

@@ -1,0 +1,44 @@
+"""Pass@k (unbiased, Chen et al. 2021), Avg@k and bootstrap confidence intervals."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from math import comb
+
+import numpy as np
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Returns the unbiased estimate of pass@k from n samples with c correct:
+    1 - C(n - c, k) / C(n, k) (Chen et al. 2021, eq. 1)."""
+    if not 0 <= c <= n or k < 1:
+        raise ValueError(f"need 0 <= c <= n and k >= 1, got n={n}, c={c}, k={k}")
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples per task, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def mean_pass_at_k(correct_per_task: Sequence[Sequence[bool]], k: int) -> float:
+    """Returns pass@k averaged over tasks (each task's list holds its n runs)."""
+    if not correct_per_task:
+        return 0.0
+    return float(np.mean([pass_at_k(len(runs), sum(runs), k) for runs in correct_per_task]))
+
+
+def avg_at_k(correct_per_task: Sequence[Sequence[bool]]) -> float:
+    """Returns Avg@k: the mean success rate over each task's k runs, averaged over tasks."""
+    if not correct_per_task:
+        return 0.0
+    return float(np.mean([np.mean(runs) if runs else 0.0 for runs in correct_per_task]))
+
+
+def bootstrap_ci(values: Sequence[float], n_boot: int = 2000, alpha: float = 0.05, seed: int = 0) -> tuple[float, float]:
+    """Returns the (alpha/2, 1 - alpha/2) percentile bootstrap interval of the mean."""
+    data = np.asarray(values, dtype=float)
+    if data.size == 0:
+        return (0.0, 0.0)
+    rng = np.random.default_rng(seed)
+    means = rng.choice(data, size=(n_boot, data.size), replace=True).mean(axis=1)
+    return (float(np.quantile(means, alpha / 2)), float(np.quantile(means, 1 - alpha / 2)))

@@ -1,0 +1,181 @@
+"""The run configuration of `harnessrl train`: every knob a documented, validated field.
+
+Presets: ``quick`` (the default: minutes on a 2-core CPU with the embedded model) and
+``paper`` (the Harness Scaling protocol: GRPO, 16 tasks x 8 rollouts per step, K=2
+neighbour pairing over the OA(18) design, 300 steps; papers 000/001).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class TrainConfig(BaseModel):
+    """Everything a training run needs; unknown fields are an error."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # -- what to train ------------------------------------------------------------------------
+    model: str = Field("embedded", description="model: 'embedded' (SmolLM2-135M-Instruct) or a local HF folder")
+    device: str = Field("auto", description="torch device: auto, cpu, cuda")
+    dtype: str = Field("auto", description="weights dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16")
+    lora_rank: int = Field(0, ge=0, description="LoRA rank (0 = full fine-tuning); needs peft")
+    lora_alpha: int = Field(32, ge=1, description="LoRA alpha")
+
+    # -- tasks and harnesses --------------------------------------------------------------------
+    suite: str = Field("workspace", description="task suite name or task file")
+    train_split: str = Field("train", description="split to train on")
+    eval_split: str = Field("test", description="split to evaluate on")
+    tiers: list[int] = Field(default_factory=lambda: [1, 2, 3, 4], description="task difficulty tiers used")
+    families: list[str] | None = Field(None, description="task families used (None = all)")
+    max_train_tasks: int | None = Field(None, ge=1, description="cap on the number of training tasks")
+    design: Literal["orthogonal", "first-order", "random", "full", "single"] = Field(
+        "orthogonal", description="training design (paper: orthogonal = OA(18, 3^5))"
+    )
+    design_n: int | None = Field(None, description="size of a random design")
+    base_harness: str | None = Field(None, description="H0 for single/first-order (default: first OA row)")
+    pairing: Literal["neighbour", "repeat", "random"] = Field("neighbour", description="task-harness pairing strategy")
+    k: int = Field(2, ge=1, description="configurations per task, on K successive steps (paper: 2)")
+
+    # -- rollouts ---------------------------------------------------------------------------------
+    algorithm: Literal["grpo"] = Field("grpo", description="policy-gradient algorithm")
+    tasks_per_step: int = Field(16, ge=1, description="tasks per step (paper GRPO: 16)")
+    group_size: int = Field(8, ge=1, description="rollouts per task per step, the GRPO group (paper: 8)")
+    temperature: float = Field(1.0, ge=0.0, description="sampling temperature of training rollouts")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling of training rollouts")
+    max_turns: int = Field(12, ge=1, description="turns per episode")
+    max_new_tokens: int = Field(384, ge=1, description="tokens the policy may sample per turn")
+    context_tokens: int = Field(8192, ge=256, description="model context window")
+    max_concurrent: int = Field(16, ge=1, description="episodes in flight in the rollout engine")
+    env_workers: int = Field(4, ge=1, description="threads for sandbox steps")
+    sandbox_backend: str = Field("auto", description="sandbox backend: auto, bwrap, unshare, none")
+
+    # -- the update ---------------------------------------------------------------------------------
+    steps: int = Field(300, ge=0, description="optimizer steps (paper: 300)")
+    learning_rate: float = Field(1e-6, gt=0.0, description="peak learning rate")
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up steps")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="after warm-up")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="gradient clipping norm")
+    micro_batch_tokens: int = Field(4096, ge=64, description="padded tokens per forward/backward micro-batch")
+    clip_low: float = Field(0.20, ge=0.0, description="lower clip range eta- (Harness-S: 0.20)")
+    clip_high: float = Field(0.28, ge=0.0, description="upper clip range eta+ (Harness-S: 0.28; classic PPO 0.2)")
+    aggregation: Literal["token_mean", "seq_mean", "token_sum_norm"] = Field("token_mean", description="loss aggregation")
+    scale_std: bool = Field(True, description="divide GRPO advantages by the group std")
+    importance_cap: float = Field(2.0, gt=0.0, description="cap of the truncated rollout/train importance weight")
+    kl_coef: float = Field(0.0, ge=0.0, description="KL penalty to a frozen reference (off in both papers)")
+    kl_estimator: Literal["k1", "k3"] = Field("k3", description="KL estimator")
+    entropy_coef: float = Field(0.0, ge=0.0, description="entropy bonus")
+    skip_no_signal_groups: bool = Field(True, description="leave groups with all-equal rewards out of the update")
+
+    # -- warm start -----------------------------------------------------------------------------------
+    sft_warm_start_steps: int = Field(0, ge=0, description="SFT steps on oracle demonstrations before RL")
+    sft_tasks: int = Field(32, ge=1, description="oracle demonstrations for the warm start")
+    sft_learning_rate: float = Field(5e-5, gt=0.0, description="learning rate of the warm start")
+
+    # -- evaluation and bookkeeping ------------------------------------------------------------------
+    eval_every: int = Field(0, ge=0, description="evaluate every N steps (0 = only before and after)")
+    eval_tasks: int = Field(16, ge=1, description="test tasks per evaluated harness")
+    eval_held_out: int = Field(18, ge=0, description="held-out in-space configurations evaluated")
+    eval_out_of_space: bool = Field(True, description="also evaluate the out-of-space harnesses")
+    eval_temperature: float = Field(0.0, ge=0.0, description="sampling temperature of evaluation (0 = greedy)")
+    eval_base: bool = Field(True, description="evaluate the untrained model first, for the summary")
+    save_every: int = Field(1, ge=1, description="checkpoint every N steps")
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
+    seed: int = Field(0, description="seed of every random choice")
+    run_dir: str = Field("runs/latest", description="where metrics, checkpoints and the summary go")
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        if not self.tiers or any(t not in (1, 2, 3, 4) for t in self.tiers):
+            raise ValueError(f"tiers must be a non-empty subset of 1..4, got {self.tiers}")
+        if self.context_tokens <= self.max_new_tokens:
+            raise ValueError("context_tokens must exceed max_new_tokens")
+        return self
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Minutes on a 2-core CPU: easy tiers, short turns, a small SFT warm start that teaches the
+    # 135M model the tool syntax of the training harnesses, then a few GRPO steps.
+    "quick": {
+        "tiers": [1],
+        "families": ["files", "text", "search"],
+        "max_train_tasks": 64,
+        "tasks_per_step": 2,
+        "group_size": 4,
+        "k": 2,
+        "steps": 2,
+        "max_turns": 3,
+        "max_new_tokens": 96,
+        "context_tokens": 4096,
+        "temperature": 1.0,
+        "learning_rate": 2e-6,
+        "micro_batch_tokens": 6144,
+        "sft_warm_start_steps": 6,
+        "sft_tasks": 24,
+        "sft_learning_rate": 1e-4,
+        "eval_tasks": 4,
+        "eval_held_out": 2,
+        "eval_out_of_space": True,
+        "max_concurrent": 8,
+    },
+    # The paper's protocol (GRPO): 16 tasks x 8 rollouts, K=2 over OA(18), 300 steps.
+    "paper": {
+        "tasks_per_step": 16,
+        "group_size": 8,
+        "k": 2,
+        "steps": 300,
+        "learning_rate": 1e-6,
+        "eval_every": 25,
+        "eval_tasks": 64,
+        "eval_held_out": 18,
+    },
+}
+
+
+def config_error_message(source: str, exc: ValidationError) -> str:
+    """Returns a message naming the file, each bad field and the fix."""
+    lines = [f"{source}: invalid training config"]
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "(root)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown field; valid fields are: {', '.join(TrainConfig.model_fields)}"
+        lines.append(f"  field {field}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(
+    path: str | Path | None = None, preset: str | None = None, overrides: dict[str, Any] | None = None
+) -> TrainConfig:
+    """Returns the config: the preset (default ``quick``), then the file, then ``overrides``."""
+    values: dict[str, Any] = {}
+    preset_name = preset or ("quick" if path is None else None)
+    if preset_name is not None:
+        if preset_name not in PRESETS:
+            raise ValueError(f"unknown preset {preset_name!r}; choose one of {', '.join(PRESETS)}")
+        values.update(PRESETS[preset_name])
+    source = "overrides"
+    if path is not None:
+        source = str(path)
+        try:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping of config fields at the top level")
+        if "preset" in data:
+            name = data.pop("preset")
+            if name not in PRESETS:
+                raise ValueError(f"{path}: field preset: unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+            values.update(PRESETS[name])
+        values.update(data)
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        return TrainConfig(**values)
+    except ValidationError as exc:
+        raise ValueError(config_error_message(source, exc)) from None

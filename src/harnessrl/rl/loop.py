@@ -1,0 +1,355 @@
+"""The harness-scaling training loop: design -> pairing -> rollouts -> advantages -> update.
+
+    for step t:
+        pairs   = schedule.step(t)                      # (task, config) pairs, K-pairing
+        rollout = G episodes per pair                   # a GRPO group = one task under one config
+        A       = group-relative advantages             # zero for groups without signal
+        update  = clipped surrogate on policy tokens    # one optimizer step
+        log, checkpoint (atomic), evaluate every N steps
+
+Before step 0 the untrained policy is evaluated (for the summary) and, optionally, warm
+started by SFT on oracle demonstrations rendered under the training harnesses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from harnessrl.design import make_design
+from harnessrl.eval.evaluate import EvalResult, evaluate
+from harnessrl.harness.harness import Harness, HarnessLimits, out_of_space_names
+from harnessrl.harness.registry import registered_space
+from harnessrl.pairing import PairingSchedule
+from harnessrl.rl.advantages import grpo_advantages, no_signal_fraction
+from harnessrl.rl.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
+from harnessrl.rl.config import TrainConfig
+from harnessrl.rl.sft import oracle_demonstrations, sft_samples
+from harnessrl.rl.update import UpdateSample, update_step
+from harnessrl.rollout import RolloutEngine, RolloutJob
+from harnessrl.tasks.model import Task
+from harnessrl.tasks.suite import load_suite
+from harnessrl.trajectory import save_jsonl
+
+Logger = Callable[[str], None]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def select_tasks(cfg: TrainConfig, split: str, limit: int | None) -> list[Task]:
+    """Returns the tasks of ``split`` with the configured tiers and families (seeded order)."""
+    suite = load_suite(cfg.suite)
+    chosen: list[Task] = []
+    for task in suite.tasks(split, seed=cfg.seed):
+        if task.tier in cfg.tiers and (cfg.families is None or task.family in cfg.families):
+            chosen.append(task)
+            if limit is not None and len(chosen) >= limit:
+                break
+    if not chosen:
+        raise ValueError(
+            f"no {split} tasks in suite {cfg.suite!r} with tiers {cfg.tiers} and families {cfg.families}"
+        )
+    return chosen
+
+
+def lr_lambda(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
+    """Returns the multiplier of the peak learning rate at each step (warm-up, then schedule)."""
+
+    def factor(step: int) -> float:
+        if cfg.warmup_steps and step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        span = max(1, total_steps - cfg.warmup_steps)
+        progress = min(1.0, (step - cfg.warmup_steps) / span)
+        if cfg.lr_schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        if cfg.lr_schedule == "linear":
+            return 1.0 - progress
+        return 1.0
+
+    return factor
+
+
+def rollout_seed(seed: int, step: int, index: int) -> int:
+    """Returns the sampling seed of rollout ``index`` of ``step`` (a pure function: resumable)."""
+    return (seed * 1_000_003 + step * 10_007 + index) % (2**31 - 1)
+
+
+class Trainer:
+    """Owns the policy, optimizer and run directory of one training run."""
+
+    def __init__(self, cfg: TrainConfig, resume: bool = False, log: Logger = print) -> None:
+        self.cfg, self.log = cfg, log
+        self.run_dir = Path(cfg.run_dir)
+        checkpoint = latest_checkpoint(self.run_dir)
+        if not resume and self.run_dir.exists() and any(self.run_dir.iterdir()):
+            raise ValueError(
+                f"run directory {self.run_dir} is not empty; pass --resume to continue it or --run-dir for a new run"
+            )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2), encoding="utf-8")
+        seed_everything(cfg.seed)
+
+        from harnessrl.policy.hf import HFPolicy
+
+        model_source = str(checkpoint / "model") if (resume and checkpoint) else cfg.model
+        self.policy = HFPolicy(model_source, device=cfg.device, dtype=cfg.dtype)
+        self.model = self.policy.model
+        if cfg.lora_rank:
+            self.model = self._wrap_lora(self.model)
+            self.policy.model = self.model
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, cfg.steps))
+        self.state: dict[str, Any] = {"step": 0}
+        if resume and checkpoint is not None:
+            self.state = load_training_state(checkpoint, self.optimizer, self.scheduler)
+            self.log(f"resumed from {checkpoint} (step {self.state['step']})")
+
+        space = registered_space()
+        self.design = make_design(space, cfg.design, n=cfg.design_n, seed=cfg.seed, base=cfg.base_harness)
+        self.held_out = self.design.held_out(cfg.eval_held_out, seed=cfg.seed)
+        self.limits = HarnessLimits(
+            max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, context_tokens=cfg.context_tokens
+        )
+        self.train_tasks = select_tasks(cfg, cfg.train_split, cfg.max_train_tasks)
+        self.eval_tasks = select_tasks(cfg, cfg.eval_split, cfg.eval_tasks)
+        self.task_by_id = {t.id: t for t in self.train_tasks}
+        self.schedule = PairingSchedule(
+            [t.id for t in self.train_tasks], self.design.configs, cfg.tasks_per_step, cfg.k, cfg.pairing, cfg.seed
+        )
+        self.harnesses: dict[str, Harness] = {}
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+
+    def _wrap_lora(self, model: Any) -> Any:
+        try:
+            from peft import LoraConfig, get_peft_model
+        except ImportError:
+            raise ValueError("lora_rank > 0 needs peft: pip install 'harnessrl[lora]'") from None
+        config = LoraConfig(r=self.cfg.lora_rank, lora_alpha=self.cfg.lora_alpha, target_modules="all-linear")
+        return get_peft_model(model, config)
+
+    def harness(self, code: str) -> Harness:
+        if code not in self.harnesses:
+            self.harnesses[code] = Harness.named(code, self.limits)
+        return self.harnesses[code]
+
+    # -- evaluation -------------------------------------------------------------------------
+    def eval_sets(self) -> dict[str, list[str]]:
+        sets = {"in_space": [c.code for c in self.held_out.configs]}
+        if self.cfg.eval_out_of_space:
+            sets["out_of_space"] = out_of_space_names()
+        return sets
+
+    def evaluate(self, label: str) -> dict[str, Any]:
+        """Returns Pass@1 per evaluation set (and writes the trajectories)."""
+        out: dict[str, Any] = {}
+        for name, harnesses in self.eval_sets().items():
+            if not harnesses:
+                continue
+            result: EvalResult = evaluate(
+                self.policy, harnesses, self.eval_tasks, k=1, limits=self.limits,
+                temperature=self.cfg.eval_temperature, max_new_tokens=self.cfg.max_new_tokens,
+                seed=self.cfg.seed, max_concurrent=self.cfg.max_concurrent, env_workers=self.cfg.env_workers,
+                backend=self.cfg.sandbox_backend,
+            )
+            save_jsonl(result.trajectories, self.run_dir / "eval" / f"{label}-{name}.jsonl")
+            out[name] = {
+                "pass_at_1": result.overall["pass_at_1"],
+                "pass_at_1_ci": result.overall["pass_at_1_ci"],
+                "episodes": result.overall["episodes"],
+                "format_error_rate": result.overall["format_error_rate"],
+                "per_config": {k: v["pass_at_1"] for k, v in result.per_config.items()},
+            }
+            self.log(f"eval[{label}] {name}: Pass@1 {out[name]['pass_at_1']:.3f} over {out[name]['episodes']} episodes")
+        return out
+
+    # -- one RL step --------------------------------------------------------------------------
+    def rollouts(self, step: int) -> tuple[list[Any], list[int], Any]:
+        jobs: list[RolloutJob] = []
+        for group, pair in enumerate(self.schedule.step(step)):
+            for member in range(self.cfg.group_size):
+                index = group * self.cfg.group_size + member
+                jobs.append(
+                    RolloutJob(
+                        self.task_by_id[pair.task], self.harness(pair.config.code),
+                        seed=rollout_seed(self.cfg.seed, step, index),
+                        tags={"group": group, "slot": pair.slot},
+                    )
+                )
+        from harnessrl.policy.base import SamplingParams
+
+        engine = RolloutEngine(
+            self.policy, max_concurrent=self.cfg.max_concurrent, env_workers=self.cfg.env_workers,
+            sampling=SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                                    max_new_tokens=self.cfg.max_new_tokens),
+            backend=self.cfg.sandbox_backend,
+        )
+        trajectories, stats = engine.run(jobs)
+        return trajectories, [job.tags["group"] for job in jobs], stats
+
+    def rl_step(self, step: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        trajectories, groups, stats = self.rollouts(step)
+        rewards = [t.reward for t in trajectories]
+        advantages = grpo_advantages(rewards, groups, scale_std=self.cfg.scale_std)
+        samples: list[UpdateSample] = []
+        for trajectory, advantage in zip(trajectories, advantages, strict=True):
+            if self.cfg.skip_no_signal_groups and advantage == 0.0:
+                continue
+            for s in trajectory.training_samples():
+                samples.append(UpdateSample(s.input_ids, s.loss_mask, s.old_logprobs, advantage))
+        t1 = time.perf_counter()
+        update = update_step(
+            self.model, self.optimizer, samples, self.policy.tokenizer.pad_token_id,
+            objective="pg", temperature=self.cfg.temperature if self.cfg.temperature > 0 else 1.0,
+            clip_low=self.cfg.clip_low, clip_high=self.cfg.clip_high, aggregation=self.cfg.aggregation,
+            importance_cap=self.cfg.importance_cap, entropy_coef=self.cfg.entropy_coef,
+            kl_coef=self.cfg.kl_coef, kl_estimator=self.cfg.kl_estimator,
+            max_grad_norm=self.cfg.max_grad_norm, micro_batch_tokens=self.cfg.micro_batch_tokens,
+            scheduler=self.scheduler,
+        )
+        save_jsonl(trajectories, self.run_dir / "rollouts" / f"step-{step:06d}.jsonl")
+        return {
+            "step": step,
+            "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
+            "pass_rate": float(np.mean([t.passed for t in trajectories])) if trajectories else 0.0,
+            "no_signal_fraction": no_signal_fraction(rewards, groups),
+            "episodes": len(trajectories),
+            "errored": stats.errored,
+            "trained_samples": len(samples),
+            "format_errors": sum(t.metrics.get("format_errors", 0) for t in trajectories),
+            "configs": sorted({t.config for t in trajectories}),
+            "lr": self.scheduler.get_last_lr()[0],
+            "rollout_time_s": round(t1 - t0, 2),
+            "update_time_s": round(time.perf_counter() - t1, 2),
+            "tokens_generated": stats.tokens_generated,
+            **{f"update/{k}": v for k, v in update.items()},
+        }
+
+    # -- the run ---------------------------------------------------------------------------------
+    def warm_start(self) -> dict[str, Any]:
+        """SFT on oracle demonstrations under the training harnesses (behaviour cloning)."""
+        cfg = self.cfg
+        demos = oracle_demonstrations(
+            self.train_tasks[: cfg.sft_tasks], [c.code for c in self.design.configs], self.policy.tokenizer,
+            self.limits, seed=cfg.seed, backend=cfg.sandbox_backend,
+        )
+        samples = sft_samples(demos)
+        optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.sft_learning_rate)
+        history = []
+        rng = random.Random(cfg.seed)
+        per_step = max(1, math.ceil(len(samples) / max(1, cfg.sft_warm_start_steps)))
+        for i in range(cfg.sft_warm_start_steps):
+            batch = rng.sample(samples, min(per_step, len(samples)))
+            metrics = update_step(
+                self.model, optimizer, batch, self.policy.tokenizer.pad_token_id, objective="nll",
+                max_grad_norm=cfg.max_grad_norm, micro_batch_tokens=cfg.micro_batch_tokens,
+            )
+            history.append(metrics["nll"])
+            self.log(f"sft {i + 1}/{cfg.sft_warm_start_steps}: nll {metrics['nll']:.3f}")
+        return {"demonstrations": len(demos), "samples": len(samples), "nll": history}
+
+    def write_metrics(self, record: dict[str, Any]) -> None:
+        with self.metrics_path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    def checkpoint(self, step: int) -> None:
+        tokenizer = getattr(self.policy, "hf_tokenizer", None)
+        save_checkpoint(self.run_dir, step, self.model, tokenizer, self.optimizer, self.scheduler, self.state,
+                        keep=self.cfg.keep_checkpoints)
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        start = int(self.state.get("step", 0))
+        if start == 0 and "base_eval" not in self.state:
+            if cfg.eval_base:
+                self.state["base_eval"] = self.evaluate("base")
+            if cfg.sft_warm_start_steps:
+                self.state["warm_start"] = self.warm_start()
+            self.state["step"] = 0
+            self.checkpoint(0)
+        for step in range(start, cfg.steps):
+            record = self.rl_step(step)
+            self.log(
+                f"step {step + 1}/{cfg.steps}: reward {record['reward_mean']:.3f} no-signal "
+                f"{record['no_signal_fraction']:.2f} samples {record['trained_samples']} "
+                f"({record['rollout_time_s']}s rollout, {record['update_time_s']}s update)"
+            )
+            self.state["step"] = step + 1
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+                record["eval"] = self.evaluate(f"step-{step + 1:06d}")
+            self.write_metrics(record)
+            if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+                self.checkpoint(step + 1)
+        final = self.state.get("final_eval")
+        if final is None or self.state.get("final_eval_step") != cfg.steps:
+            final = self.evaluate("final")
+            self.state.update({"final_eval": final, "final_eval_step": cfg.steps})
+            self.checkpoint(cfg.steps)
+        summary = self.summary()
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        (self.run_dir / "summary.md").write_text(format_summary(summary), encoding="utf-8")
+        return summary
+
+    def summary(self) -> dict[str, Any]:
+        base, final = self.state.get("base_eval", {}), self.state.get("final_eval", {})
+        rows = {}
+        for name in sorted(set(base) | set(final)):
+            before = base.get(name, {}).get("pass_at_1")
+            after = final.get(name, {}).get("pass_at_1")
+            rows[name] = {
+                "base_pass_at_1": before, "trained_pass_at_1": after,
+                "trained_ci": final.get(name, {}).get("pass_at_1_ci"),
+                "episodes": final.get(name, {}).get("episodes"),
+                "delta": None if before is None or after is None else after - before,
+            }
+        return {
+            "run_dir": str(self.run_dir), "steps": self.cfg.steps, "design": self.design.kind,
+            "train_configs": self.design.codes, "held_out": [c.code for c in self.held_out.configs],
+            "eval_tasks": [t.id for t in self.eval_tasks], "pass_at_1": rows,
+            "warm_start": self.state.get("warm_start"),
+        }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """Returns the Markdown summary of a run: base vs trained Pass@1 per evaluation set."""
+    lines = [
+        f"# Training run `{summary['run_dir']}`",
+        "",
+        f"{summary['steps']} GRPO steps over the `{summary['design']}` design "
+        f"({len(summary['train_configs'])} configurations); evaluated on {len(summary['eval_tasks'])} test tasks.",
+        "",
+        "| evaluation set | base Pass@1 | trained Pass@1 | 95% CI (trained) | change |",
+        "|---|---|---|---|---|",
+    ]
+    for name, row in summary["pass_at_1"].items():
+        def fmt(v: Any) -> str:
+            return "n/a" if v is None else f"{100 * v:.1f}"
+        ci = row.get("trained_ci") or [None, None]
+        ci_text = "n/a" if ci[0] is None else f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
+        delta = "n/a" if row["delta"] is None else f"{100 * row['delta']:+.1f}"
+        lines.append(f"| {name} | {fmt(row['base_pass_at_1'])} | {fmt(row['trained_pass_at_1'])} | {ci_text} | {delta} |")
+    lines += ["", f"In-space held-out configurations: {', '.join(summary['held_out'])}."]
+    return "\n".join(lines) + "\n"
+
+
+def train(cfg: TrainConfig, resume: bool = False, log: Logger = print) -> dict[str, Any]:
+    """Runs (or resumes) a training run and returns its summary."""
+    return Trainer(cfg, resume=resume, log=log).run()
+
+
+def remove_run(run_dir: str | Path) -> None:
+    shutil.rmtree(run_dir, ignore_errors=True)

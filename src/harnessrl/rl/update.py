@@ -1,0 +1,168 @@
+"""One optimizer step on a batch of token-level samples: micro-batching, the loss, clipping.
+
+Shared by the GRPO trainer (advantage per sample) and SFT (advantage 1, no clipping, a
+negative log-likelihood). Sequences are packed into micro-batches by a padded-token budget
+and gradients are accumulated so that the step's loss equals the loss over the whole batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from harnessrl.rl.losses import policy_loss, token_logprobs_and_entropy
+
+
+@dataclass
+class UpdateSample:
+    """One sequence to train on: ids, loss mask (policy tokens), the sampler's log-probs and
+    the advantage of every trainable token (a scalar broadcast, or one per token)."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    rollout_logprobs: list[float]
+    advantage: float | list[float] = 1.0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def micro_batches(samples: list[UpdateSample], token_budget: int) -> list[list[UpdateSample]]:
+    """Returns groups of samples whose padded size (count x longest) fits ``token_budget``
+    (a sample longer than the budget goes alone). Sorted by length to waste little padding."""
+    order = sorted(samples, key=lambda s: len(s.input_ids), reverse=True)
+    batches: list[list[UpdateSample]] = []
+    current: list[UpdateSample] = []
+    for sample in order:
+        longest = max([len(sample.input_ids)] + [len(s.input_ids) for s in current])
+        if current and longest * (len(current) + 1) > token_budget:
+            batches.append(current)
+            current = []
+        current.append(sample)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _collate(batch: list[UpdateSample], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+    length = max(len(s.input_ids) for s in batch)
+    ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(batch), length), dtype=torch.long)
+    mask = torch.zeros((len(batch), length), dtype=torch.float32)
+    rollout = torch.zeros((len(batch), length), dtype=torch.float32)
+    advantages = torch.zeros((len(batch), length), dtype=torch.float32)
+    for row, s in enumerate(batch):
+        n = len(s.input_ids)
+        ids[row, :n] = torch.tensor(s.input_ids)
+        attention[row, :n] = 1
+        mask[row, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
+        rollout[row, :n] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
+        adv = s.advantage if isinstance(s.advantage, list) else [float(s.advantage)] * n
+        advantages[row, :n] = torch.tensor(adv, dtype=torch.float32)
+    # Position t's logits predict token t+1: shift everything that belongs to targets.
+    return {
+        "input_ids": ids.to(device),
+        "attention_mask": attention.to(device),
+        "targets": ids[:, 1:].to(device),
+        "mask": mask[:, 1:].to(device),
+        "rollout_logprobs": rollout[:, 1:].to(device),
+        "advantages": advantages[:, 1:].to(device),
+    }
+
+
+def update_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    samples: list[UpdateSample],
+    pad_id: int,
+    *,
+    objective: str = "pg",
+    temperature: float = 1.0,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    aggregation: str = "token_mean",
+    importance_cap: float = 2.0,
+    entropy_coef: float = 0.0,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    ref_model: torch.nn.Module | None = None,
+    max_grad_norm: float = 1.0,
+    micro_batch_tokens: int = 4096,
+    scheduler: Any = None,
+) -> dict[str, float]:
+    """Runs one optimizer step over ``samples`` and returns averaged diagnostics.
+
+    ``objective="pg"``: the clipped surrogate of ``losses.policy_loss`` with the rollout
+    log-probabilities as the importance-weight reference; the update is on-policy (one
+    epoch, one mini-batch), so old log-probs equal the current ones, detached.
+    ``objective="nll"``: masked negative log-likelihood (SFT).
+    """
+    if not samples:
+        return {"skipped": 1.0}
+    device = next(model.parameters()).device
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    total_tokens = float(sum(sum(s.loss_mask[1:]) for s in samples))
+    total_seqs = float(sum(1 for s in samples if sum(s.loss_mask[1:]) > 0))
+    sums: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    batches = micro_batches(samples, micro_batch_tokens)
+    for batch in batches:
+        data = _collate(batch, pad_id, device)
+        n_tokens = float(data["mask"].sum())
+        if n_tokens == 0:
+            continue
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else _null()
+        with autocast:
+            logits = model(input_ids=data["input_ids"], attention_mask=data["attention_mask"]).logits[:, :-1]
+        logprobs, entropy = token_logprobs_and_entropy(logits, data["targets"], temperature if objective == "pg" else 1.0)
+        if objective == "nll":
+            loss = -(logprobs * data["mask"]).sum() / max(total_tokens, 1.0)
+            metrics = {"nll": float(-(logprobs * data["mask"]).sum() / n_tokens), "entropy": float((entropy * data["mask"]).sum() / n_tokens)}
+        else:
+            ref_logprobs = None
+            if kl_coef > 0:
+                if ref_model is None:
+                    raise ValueError("kl_coef > 0 needs a reference model")
+                with torch.no_grad():
+                    ref_logits = ref_model(input_ids=data["input_ids"], attention_mask=data["attention_mask"]).logits[:, :-1]
+                ref_logprobs, _ = token_logprobs_and_entropy(ref_logits, data["targets"], temperature)
+            # Aggregate over the whole step, not the micro-batch: token_mean becomes a sum
+            # over tokens / all policy tokens of the step; seq_mean weights by sequences.
+            if aggregation == "token_mean":
+                agg, norm, scale = "token_sum_norm", total_tokens, 1.0
+            elif aggregation == "seq_mean":
+                agg, norm, scale = "seq_mean", None, len(batch) / max(total_seqs, 1.0)
+            else:
+                agg, norm, scale = "token_sum_norm", float(micro_batch_tokens), 1.0 / len(batches)
+            out = policy_loss(
+                logprobs, logprobs.detach(), data["advantages"], data["mask"], clip_low, clip_high, agg, norm,
+                rollout_logprobs=data["rollout_logprobs"], importance_cap=importance_cap,
+                ref_logprobs=ref_logprobs, kl_coef=kl_coef, kl_estimator=kl_estimator,
+                entropy=entropy, entropy_coef=entropy_coef,
+            )
+            loss = out.loss * scale
+            metrics = dict(out.metrics)
+            with torch.no_grad():
+                mismatch = (data["rollout_logprobs"] - logprobs.detach()).abs() * data["mask"]
+                metrics["rollout_logprob_diff"] = float(mismatch.sum() / n_tokens)
+        loss.backward()
+        for key, value in metrics.items():
+            sums[key] = sums.get(key, 0.0) + value * n_tokens
+            weights[key] = weights.get(key, 0.0) + n_tokens
+    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], max_grad_norm)
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    result = {k: sums[k] / weights[k] for k in sums}
+    result.update({"grad_norm": float(grad_norm), "micro_batches": float(len(batches)), "trained_tokens": total_tokens})
+    return result
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *args: object) -> None:
+        return None

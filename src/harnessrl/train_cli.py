@@ -1,0 +1,57 @@
+"""`harnessrl train`: run or resume a harness-scaling training run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from harnessrl.rl.config import PRESETS, load_config
+
+
+def register(subparsers: Any) -> None:
+    """Adds the `train` sub-command."""
+    p = subparsers.add_parser(
+        "train",
+        help="train a policy through many harnesses (GRPO over the orthogonal design)",
+        description="With no arguments: the `quick` preset with the embedded model on CPU; it writes "
+        "metrics, checkpoints and a summary of base vs trained Pass@1 to the run directory.",
+    )
+    p.add_argument("--config", default=None, help="YAML file of TrainConfig fields (may name a preset)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="start from a preset")
+    p.add_argument("--run-dir", default=None, help="run directory (default: runs/<preset>-<time>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
+    p.add_argument("--steps", type=int, default=None, help="override the number of steps")
+    p.add_argument("--model", default=None, help="override the model (embedded or a local folder)")
+    p.add_argument("--seed", type=int, default=None, help="override the seed")
+    p.add_argument("--device", default=None, help="override the device")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.set_defaults(func=run_train)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    if args.resume and not args.run_dir:
+        raise ValueError("--resume needs --run-dir naming the run to continue")
+    run_dir = args.run_dir or f"runs/{args.preset or 'quick'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    cfg = load_config(
+        args.config, args.preset,
+        {"run_dir": run_dir, "steps": args.steps, "model": args.model, "seed": args.seed, "device": args.device},
+    )
+    if args.print_config:
+        print(json.dumps(cfg.model_dump(), indent=2))
+        return 0
+    from harnessrl.rl.loop import train
+
+    def log(message: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+    log(f"run directory: {cfg.run_dir}")
+    summary = train(cfg, resume=args.resume, log=log)
+    print()
+    from harnessrl.rl.loop import format_summary
+
+    print(format_summary(summary))
+    sys.stdout.flush()
+    return 0

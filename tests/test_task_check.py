@@ -3,7 +3,6 @@ weak verifiers, wrong gold and broken setups are named as offenders."""
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from pathlib import Path
 
@@ -45,11 +44,7 @@ def build_shop_db(root: Path) -> None:
         " (4, 'cancelled', 7.0);"
     )
     con.commit()
-    con.close()
-    # The sandbox user owns the workspace; files laid by the host must have the same owner.
-    owner = Path(root).stat()
-    for item in (path.parent, path):
-        os.chown(item, owner.st_uid, owner.st_gid)
+    con.close()  # prepare_workspace hands the files to the sandbox user afterwards
 
 
 def explode(root: Path) -> None:

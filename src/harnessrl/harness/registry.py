@@ -56,7 +56,7 @@ def register(cls: type[Component]) -> type[Component]:
 
 def _ensure_builtin() -> None:
     # Importing the factor modules registers the built-in realizations.
-    from harnessrl.harness import context, observation, prompts, tools, workflow  # noqa: F401
+    from harnessrl.harness import context, observation, out_of_space, prompts, tools, workflow  # noqa: F401
 
 
 def component_class(letter: str, level: int) -> type[Component]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -171,6 +172,7 @@ def prepare_workspace(task: Task, sandbox: Sandbox) -> None:
         sandbox.write_file(rel_path, content)
     if task.setup.builder is not None:
         task.setup.builder(sandbox.workspace.root)
+        match_workspace_owner(sandbox.workspace.root)
     if task.setup.script:
         result = sandbox.exec(task.setup.script)
         if not result.ok:
@@ -178,6 +180,24 @@ def prepare_workspace(task: Task, sandbox: Sandbox) -> None:
                 f"task {task.id}: setup script failed (exit {result.exit_code}): "
                 f"{(result.stderr or result.stdout)[-500:]}"
             )
+
+
+def match_workspace_owner(root: Path) -> None:
+    """Gives every entry under ``root`` the owner of ``root`` itself.
+
+    A builder runs on the host (as root when harnessrl does), while the sandbox runs the
+    policy's commands as an unprivileged user that owns the workspace; without this, files
+    a builder made (a sqlite database to update) would be read-only to the policy.
+    """
+    if os.geteuid() != 0:
+        return  # files we create are already ours
+    owner = root.stat()
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            info = os.lstat(path)
+            if (info.st_uid, info.st_gid) != (owner.st_uid, owner.st_gid):
+                os.lchown(path, owner.st_uid, owner.st_gid)
 
 
 def verify_task(task: Task, sandbox: Sandbox, answer: str | None = None) -> Verdict:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
-import os
 import random
 import sqlite3
 from collections.abc import Sequence
@@ -165,23 +163,6 @@ def build_sqlite(root: Path, db: str, sql: str) -> None:
         connection.commit()
     finally:
         connection.close()
-    _match_owner(root, path)
-
-
-def _match_owner(root: Path, path: Path) -> None:
-    """Gives ``path`` and its folders below ``root`` the owner of ``root``.
-
-    A sandbox may run commands as another user than the host process (root is mapped to an
-    unprivileged uid); files laid by a builder must be writable by that user, as files written
-    through ``Sandbox.write_file`` are.
-    """
-    owner = root.stat()
-    current = path
-    while current != root and root in current.parents:
-        if current.stat().st_uid != owner.st_uid or current.stat().st_gid != owner.st_gid:
-            with contextlib.suppress(OSError):
-                os.chown(current, owner.st_uid, owner.st_gid)
-        current = current.parent
 
 
 def sqlite_builder(db: str, sql: str) -> partial[None]:

@@ -218,42 +218,10 @@ class HarnessSpace:
         }
 
 
-# Level names of the default space; the harness runtime registers the realizations that
-# give these names their behaviour (the paper's factors, each with three realizations).
-_DEFAULT_FACTORS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
-    ("system_prompt", "S", (
-        ("minimal", "a one-line role; task and suggested workflow in the first user message"),
-        ("manual", "an interface manual: every tool, a strict response format, a worked example"),
-        ("policy", "a long product-style policy with rules and mid-conversation reminders"),
-    )),
-    ("tool_interface", "T", (
-        ("shell_block", "one shell tool; the action is a fenced shell block in plain text"),
-        ("shell_editor_json", "shell plus a multi-command file editor, called as JSON function calls"),
-        ("fine_grained_tagged", "read/write/edit/grep/glob/shell tools through tagged tool-call blocks"),
-    )),
-    ("observation", "O", (
-        ("raw", "raw command output"),
-        ("rc_head_tail", "return code plus output, head and tail kept past a limit"),
-        ("structured", "a structured record: return code, stdout, stderr, truncation, wall time"),
-    )),
-    ("context", "C", (
-        ("full", "full append-only history"),
-        ("window", "sliding window that masks older observations with a placeholder"),
-        ("compact", "compaction: older turns replaced by a digest past a token budget"),
-    )),
-    ("workflow", "W", (
-        ("react", "free act-observe loop until the agent submits"),
-        ("plan_act", "an explicit plan first, then act"),
-        ("verify_submit", "a review of the work before a second, final submit"),
-    )),
-)
-
-
 def default_space() -> HarnessSpace:
-    """Returns the paper's space: S, T, O, C, W with three levels each (3^5 = 243 configs)."""
-    return HarnessSpace(
-        [
-            Factor(name, letter, tuple(Level(n, d) for n, d in levels))
-            for name, letter, levels in _DEFAULT_FACTORS
-        ]
-    )
+    """Returns the paper's space as registered by the harness runtime: S, T, O, C, W with
+    three realizations each (3^5 = 243 configurations). Registering another level or
+    factor (``harnessrl.harness.registry``) changes it."""
+    from harnessrl.harness.registry import registered_space
+
+    return registered_space()

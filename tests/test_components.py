@@ -2,9 +2,22 @@
 
 import json
 
-from harnessrl.harness.base import SPAN_OBSERVATION, SPAN_POLICY, SPAN_SUMMARY, SPAN_SYSTEM, SPAN_TASK, EpisodeState, Message, ToolOutput
+from harnessrl.harness.base import (
+    SPAN_OBSERVATION,
+    SPAN_POLICY,
+    SPAN_SUMMARY,
+    SPAN_SYSTEM,
+    SPAN_TASK,
+    EpisodeState,
+    Message,
+    ToolOutput,
+)
 from harnessrl.harness.context import Compaction, FullHistory, ObservationWindow
-from harnessrl.harness.observation import RawObservation, ReturnCodeObservation, StructuredObservation
+from harnessrl.harness.observation import (
+    RawObservation,
+    ReturnCodeObservation,
+    StructuredObservation,
+)
 from harnessrl.harness.workflow import PlanThenAct, ReAct, VerifyAndRetry
 from harnessrl.tasks import Action, FileExists, Task
 

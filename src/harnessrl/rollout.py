@@ -9,6 +9,7 @@ at once. An episode that raises is recorded with status ``error`` and the rest g
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -156,10 +157,8 @@ class RolloutEngine:
     @staticmethod
     def _close(slot: _Slot) -> None:
         if slot.sandbox is not None:
-            try:
+            with contextlib.suppress(Exception):
                 slot.sandbox.close()
-            except Exception:
-                pass
             slot.sandbox = None
 
     # -- the scheduler ---------------------------------------------------------------------

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harnessrl.harness.base import ContextPolicy, ObservationFormat, SystemPrompt, ToolInterface, Workflow
+from harnessrl.harness.base import (
+    ContextPolicy,
+    ObservationFormat,
+    SystemPrompt,
+    ToolInterface,
+    Workflow,
+)
 from harnessrl.harness.registry import component_class, out_of_space_class, registered_space
 from harnessrl.space import HarnessConfig
 

@@ -52,5 +52,5 @@ class Policy(ABC):
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Returns one generation per request, in order."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Releases resources (model memory, connections)."""

@@ -27,6 +27,7 @@ import torch
 
 from harnessrl.design import make_design
 from harnessrl.eval.evaluate import EvalResult, evaluate
+from harnessrl.eval.metrics import bootstrap_ci
 from harnessrl.harness.harness import Harness, HarnessLimits, out_of_space_names
 from harnessrl.harness.registry import registered_space
 from harnessrl.pairing import PairingSchedule
@@ -154,26 +155,31 @@ class Trainer:
         return sets
 
     def evaluate(self, label: str) -> dict[str, Any]:
-        """Returns Pass@1 per evaluation set (and writes the trajectories)."""
+        """Returns Pass@1 per evaluation set; all sets run as one batch of episodes."""
+        sets = {name: codes for name, codes in self.eval_sets().items() if codes}
+        if not sets:
+            return {}
+        result: EvalResult = evaluate(
+            self.policy, [c for codes in sets.values() for c in codes], self.eval_tasks, k=1,
+            limits=self.limits, temperature=self.cfg.eval_temperature, max_new_tokens=self.cfg.max_new_tokens,
+            seed=self.cfg.seed, max_concurrent=self.cfg.max_concurrent, env_workers=self.cfg.env_workers,
+            backend=self.cfg.sandbox_backend,
+        )
+        save_jsonl(result.trajectories, self.run_dir / "eval" / f"{label}.jsonl")
         out: dict[str, Any] = {}
-        for name, harnesses in self.eval_sets().items():
-            if not harnesses:
-                continue
-            result: EvalResult = evaluate(
-                self.policy, harnesses, self.eval_tasks, k=1, limits=self.limits,
-                temperature=self.cfg.eval_temperature, max_new_tokens=self.cfg.max_new_tokens,
-                seed=self.cfg.seed, max_concurrent=self.cfg.max_concurrent, env_workers=self.cfg.env_workers,
-                backend=self.cfg.sandbox_backend,
-            )
-            save_jsonl(result.trajectories, self.run_dir / "eval" / f"{label}-{name}.jsonl")
+        for name, codes in sets.items():
+            passed = [t.passed for t in result.trajectories if t.config in codes]
+            turns = sum(t.metrics.get("turns", 0) for t in result.trajectories if t.config in codes)
+            errors = sum(t.metrics.get("format_errors", 0) for t in result.trajectories if t.config in codes)
+            low, high = bootstrap_ci([float(p) for p in passed])
             out[name] = {
-                "pass_at_1": result.overall["pass_at_1"],
-                "pass_at_1_ci": result.overall["pass_at_1_ci"],
-                "episodes": result.overall["episodes"],
-                "format_error_rate": result.overall["format_error_rate"],
-                "per_config": {k: v["pass_at_1"] for k, v in result.per_config.items()},
+                "pass_at_1": float(np.mean(passed)) if passed else 0.0,
+                "pass_at_1_ci": [low, high],
+                "episodes": len(passed),
+                "format_error_rate": errors / max(1, turns),
+                "per_config": {c: result.per_config[c]["pass_at_1"] for c in codes if c in result.per_config},
             }
-            self.log(f"eval[{label}] {name}: Pass@1 {out[name]['pass_at_1']:.3f} over {out[name]['episodes']} episodes")
+            self.log(f"eval[{label}] {name}: Pass@1 {out[name]['pass_at_1']:.3f} over {len(passed)} episodes")
         return out
 
     # -- one RL step --------------------------------------------------------------------------

@@ -139,7 +139,7 @@ class EpisodeState:
     tool_errors: int = 0
 
 
-class Component:
+class Component(ABC):  # noqa: B024 - subclasses declare the abstract methods
     """A realization of one factor level. Subclasses set ``letter``, ``level`` and ``name``."""
 
     letter: ClassVar[str] = ""

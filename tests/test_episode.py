@@ -162,3 +162,15 @@ def test_engine_isolates_failures_and_returns_every_episode():
     assert len(trajectories) == 3 and all(t.status == "error" and "boom" in t.error for t in trajectories)
     assert [t.task_id for t in trajectories] == [t.id for t in tasks]
     assert stats.errored == 3
+
+
+def test_verification_runs_from_the_workspace_root_after_the_agent_changed_directory():
+    from harnessrl.tasks import CommandExit
+    from harnessrl.tasks.model import verify_task
+
+    task = Task(id="cd-away", instruction="x", verifier=CommandExit("test -f marker.txt"), gold=[])
+    with open_sandbox() as sandbox:
+        sandbox.write_file("marker.txt", "1")
+        sandbox.exec("mkdir -p sub && cd sub")
+        assert sandbox.exec("pwd").stdout.strip().endswith("/sub")
+        assert verify_task(task, sandbox).passed

@@ -1304,6 +1304,11 @@ class _ServerSandbox(Sandbox):
             self._prepare_workspace_for(host_uid)
         self._start()
 
+    @property
+    def inside_root(self) -> str:
+        """Returns the workspace directory as commands inside the sandbox see it."""
+        return self._inside_root()
+
     # ---- backend specifics ----
     def _inside_root(self) -> str:
         return WORKSPACE_MOUNT

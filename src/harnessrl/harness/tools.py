@@ -94,15 +94,7 @@ def display_path(relative: str) -> str:
 
 def inside_root(sandbox: Sandbox) -> str:
     """Returns the workspace directory as commands inside the sandbox see it."""
-    public = getattr(sandbox, "inside_root", None)
-    if isinstance(public, str):
-        return public
-    private = getattr(sandbox, "_inside_root", None)
-    if callable(private):
-        value = private()
-        if isinstance(value, str):
-            return value
-    return WORKSPACE_MOUNT
+    return str(getattr(sandbox, "inside_root", WORKSPACE_MOUNT))
 
 
 def read_text(sandbox: Sandbox, relative: str) -> str:

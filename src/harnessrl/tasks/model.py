@@ -207,6 +207,8 @@ def verify_task(task: Task, sandbox: Sandbox, answer: str | None = None) -> Verd
     """
     for rel_path, content in task.protected_files.items():
         sandbox.write_file(rel_path, content)
+    # The agent may have left the shell in a subdirectory: checks run from the workspace root.
+    sandbox.exec(f"cd {shlex.quote(sandbox.inside_root)}")
     return evaluate(task.verifier, CheckContext(sandbox=sandbox, answer=answer))
 
 

@@ -412,8 +412,9 @@ class PytestPasses(Check):
         if not ctx.sandbox.exists(self.test_path):
             return [CheckResult(False, name, "test file missing")]
         path = shlex.quote(self.test_path)
+        root = shlex.quote(str(getattr(ctx.sandbox, "inside_root", ".")))
         command = (
-            "cd \"$HARNESSRL_WORKSPACE_ROOT\" 2>/dev/null || true; "
+            f"cd {root}; "
             f"if python3 -c 'import pytest' 2>/dev/null; then "
             f"python3 -m pytest -q -x -p no:cacheprovider {path}; "
             f"else python3 -c {shlex.quote(_MINI_PYTEST)} {path}; fi"

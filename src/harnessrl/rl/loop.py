@@ -115,8 +115,10 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, cfg.steps))
         self.state: dict[str, Any] = {"step": 0}
+        self.metrics_path = self.run_dir / "metrics.jsonl"
         if resume and checkpoint is not None:
             self.state = load_training_state(checkpoint, self.optimizer, self.scheduler)
+            self._drop_metrics_from(int(self.state["step"]))
             self.log(f"resumed from {checkpoint} (step {self.state['step']})")
 
         space = registered_space()
@@ -132,7 +134,7 @@ class Trainer:
             [t.id for t in self.train_tasks], self.design.configs, cfg.tasks_per_step, cfg.k, cfg.pairing, cfg.seed
         )
         self.harnesses: dict[str, Harness] = {}
-        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self._pairs: list[list[str]] = []
 
     def _wrap_lora(self, model: Any) -> Any:
         try:
@@ -185,7 +187,9 @@ class Trainer:
     # -- one RL step --------------------------------------------------------------------------
     def rollouts(self, step: int) -> tuple[list[Any], list[int], Any]:
         jobs: list[RolloutJob] = []
-        for group, pair in enumerate(self.schedule.step(step)):
+        pairs = self.schedule.step(step)
+        self._pairs = [[p.task, p.config.code] for p in pairs]
+        for group, pair in enumerate(pairs):
             for member in range(self.cfg.group_size):
                 index = group * self.cfg.group_size + member
                 jobs.append(
@@ -237,7 +241,7 @@ class Trainer:
             "errored": stats.errored,
             "trained_samples": len(samples),
             "format_errors": sum(t.metrics.get("format_errors", 0) for t in trajectories),
-            "configs": sorted({t.config for t in trajectories}),
+            "pairs": self._pairs,
             "lr": self.scheduler.get_last_lr()[0],
             "rollout_time_s": round(t1 - t0, 2),
             "update_time_s": round(time.perf_counter() - t1, 2),
@@ -249,11 +253,20 @@ class Trainer:
     def warm_start(self) -> dict[str, Any]:
         """SFT on oracle demonstrations under the training harnesses (behaviour cloning)."""
         cfg = self.cfg
+        # The oracle is not bound by the policy's per-turn sampling limit: demonstrations show
+        # whole actions (the context window still applies).
+        demo_limits = HarnessLimits(
+            max_turns=max(cfg.max_turns, 8), max_new_tokens=min(2048, cfg.context_tokens // 2),
+            context_tokens=cfg.context_tokens,
+        )
         demos = oracle_demonstrations(
             self.train_tasks[: cfg.sft_tasks], [c.code for c in self.design.configs], self.policy.tokenizer,
-            self.limits, seed=cfg.seed, backend=cfg.sandbox_backend,
+            demo_limits, seed=cfg.seed, backend=cfg.sandbox_backend,
         )
         samples = sft_samples(demos)
+        if not samples:
+            self.log("warm start skipped: no oracle demonstration passed under these limits")
+            return {"demonstrations": 0, "samples": 0, "nll": []}
         optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.sft_learning_rate)
         history = []
         rng = random.Random(cfg.seed)
@@ -267,6 +280,16 @@ class Trainer:
             history.append(metrics["nll"])
             self.log(f"sft {i + 1}/{cfg.sft_warm_start_steps}: nll {metrics['nll']:.3f}")
         return {"demonstrations": len(demos), "samples": len(samples), "nll": history}
+
+    def _drop_metrics_from(self, step: int) -> None:
+        """Forgets metrics of steps at or after ``step`` (they are redone after a resume)."""
+        if not self.metrics_path.exists():
+            return
+        kept = [
+            line for line in self.metrics_path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and json.loads(line).get("step", -1) < step
+        ]
+        self.metrics_path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
 
     def write_metrics(self, record: dict[str, Any]) -> None:
         with self.metrics_path.open("a", encoding="utf-8") as handle:

@@ -118,7 +118,11 @@ def update_step(
         logprobs, entropy = token_logprobs_and_entropy(logits, data["targets"], temperature if objective == "pg" else 1.0)
         if objective == "nll":
             loss = -(logprobs * data["mask"]).sum() / max(total_tokens, 1.0)
-            metrics = {"nll": float(-(logprobs * data["mask"]).sum() / n_tokens), "entropy": float((entropy * data["mask"]).sum() / n_tokens)}
+            with torch.no_grad():
+                metrics = {
+                    "nll": float(-(logprobs * data["mask"]).sum() / n_tokens),
+                    "entropy": float((entropy * data["mask"]).sum() / n_tokens),
+                }
         else:
             ref_logprobs = None
             if kl_coef > 0:

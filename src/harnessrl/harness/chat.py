@@ -59,7 +59,7 @@ class ChatTokenizer(ABC):
         return (self.im_end_id, self.eos_token_id)
 
     def count_tokens(self, text: str) -> int:
-        return len(self.encode(text))
+        return len(self._encode_cached(text))
 
     def header(self, role: str) -> list[int]:
         return [self.im_start_id, *self.encode(f"{role}\n")]
@@ -77,8 +77,21 @@ class ChatTokenizer(ABC):
             out.extend(ids, SPAN_POLICY if message.span == SPAN_POLICY else message.span)
             out.extend(self.footer()[1:] if ended and ids[-1] == self.im_end_id else self.footer(), SPAN_FORMAT)
             return
-        out.extend(self.encode(message.content), message.span)
+        out.extend(self._encode_cached(message.content), message.span)
         out.extend(self.footer(), SPAN_FORMAT)
+
+    def _encode_cached(self, text: str) -> list[int]:
+        # Every turn re-renders the whole history; encoding each message once keeps the
+        # harness's cost per turn flat instead of growing with the episode.
+        cache: dict[str, tuple[int, ...]] | None = getattr(self, "_encode_memo", None)
+        if cache is None:
+            cache = self._encode_memo = {}
+        ids = cache.get(text)
+        if ids is None:
+            if len(cache) > 4096:
+                cache.clear()
+            ids = cache[text] = tuple(self.encode(text))
+        return list(ids)
 
     def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> RenderedPrompt:
         """Returns the prompt for ``messages``, ending with the assistant header when asked."""
@@ -144,4 +157,8 @@ class HFChatTokenizer(ChatTokenizer):
         return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))  # type: ignore[attr-defined]
 
     def decode(self, ids: Sequence[int]) -> str:
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))  # type: ignore[attr-defined]
+        return str(
+            self.tokenizer.decode(  # type: ignore[attr-defined]
+                list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
+        )

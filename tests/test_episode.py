@@ -174,3 +174,19 @@ def test_verification_runs_from_the_workspace_root_after_the_agent_changed_direc
         sandbox.exec("mkdir -p sub && cd sub")
         assert sandbox.exec("pwd").stdout.strip().endswith("/sub")
         assert verify_task(task, sandbox).passed
+
+
+def test_rollout_command_json_and_transcript(capsys):
+    import json
+
+    from harnessrl.cli import main
+
+    assert main(["rollout", "--policy", "oracle", "--configs", "S2-T1-O2-C2-W1,codex-like", "--limit", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["pass_rate"] == 1.0 and out["episodes"] == 4
+    assert set(out["per_config"]) == {"S2-T1-O2-C2-W1", "codex-like"}
+    assert main(["rollout", "--policy", "random", "--configs", "S0-T0-O1-C0-W0", "--limit", "1", "--show"]) == 0
+    text = capsys.readouterr().out
+    assert "--- turn 0 (action) policy:" in text and "pass_rate:" in text
+    assert main(["rollout", "--configs", "S9-T0-O0-C0-W0"]) == 2
+    assert "out of range" in capsys.readouterr().err

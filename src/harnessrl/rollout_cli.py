@@ -10,6 +10,7 @@ from collections import defaultdict
 from typing import Any
 
 from harnessrl.harness.harness import HARNESS_SETS, Harness, HarnessLimits, resolve_harness_set
+from harnessrl.policy import POLICY_SPECS, SamplingParams, make_policy
 from harnessrl.policy.scripted import SCRIPTED_POLICIES
 from harnessrl.rollout import RolloutEngine, RolloutJob
 from harnessrl.tasks.suite import load_suite
@@ -23,7 +24,7 @@ def register(subparsers: Any) -> None:
         help="run episodes of a policy through harnesses on tasks",
         description="Runs episodes (task x harness x policy) and prints transcripts or a JSON summary.",
     )
-    p.add_argument("--policy", default="oracle", help=f"policy: {', '.join(SCRIPTED_POLICIES)}")
+    p.add_argument("--policy", default="oracle", help=f"policy: {POLICY_SPECS}")
     p.add_argument(
         "--configs", default="S0-T0-O0-C0-W0",
         help=f"comma-separated codes or out-of-space names, or one of {', '.join(HARNESS_SETS)}",
@@ -32,6 +33,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--split", default="test", help="task split")
     p.add_argument("--limit", type=int, default=3, help="tasks to run (per harness)")
     p.add_argument("--seed", type=int, default=0, help="seed for task sampling and policies")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of model policies")
     p.add_argument("--max-turns", type=int, default=HarnessLimits.max_turns, help="turn limit per episode")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per turn")
     p.add_argument("--context-tokens", type=int, default=None, help="context window")
@@ -43,15 +45,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--spans", action="store_true", help="with --show, label the first prompt's spans")
     p.add_argument("--json", action="store_true", help="print one JSON object with pass_rate and per-config results")
     p.set_defaults(func=run_rollout)
-
-
-def make_policy(name: str, seed: int) -> Any:
-    """Returns a policy by name (scripted ones now; model policies register here later)."""
-    if name == "random":
-        return SCRIPTED_POLICIES["random"](seed=seed)
-    if name in SCRIPTED_POLICIES:
-        return SCRIPTED_POLICIES[name]()
-    raise ValueError(f"unknown policy {name!r}; available: {', '.join(SCRIPTED_POLICIES)}")
 
 
 def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
@@ -101,6 +94,7 @@ def run_rollout(args: argparse.Namespace) -> int:
     jobs = [RolloutJob(task, harness, seed=args.seed) for harness, task in itertools.product(harnesses, tasks)]
     engine = RolloutEngine(
         policy, max_concurrent=args.concurrent, env_workers=args.workers, backend=args.backend,
+        sampling=SamplingParams(temperature=args.temperature, max_new_tokens=limits.max_new_tokens),
         progress=not args.json and sys.stderr.isatty(),
     )
     trajectories, stats = engine.run(jobs)

@@ -1,5 +1,38 @@
-"""Policies: the protocol, scripted policies, and model-backed policies."""
+"""Policies: the protocol, scripted policies, and model-backed policies (loaded lazily)."""
+
+from __future__ import annotations
+
+from typing import Any
 
 from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
 
-__all__ = ["Generation", "GenerationRequest", "Policy", "SamplingParams"]
+POLICY_SPECS = (
+    "oracle | random | embedded | hf:<local model folder> | openai:<model>@<base url> "
+    "| openai-text:<model>@<base url>"
+)
+
+
+def make_policy(spec: str, seed: int = 0, **kwargs: Any) -> Policy:
+    """Returns a policy from a spec string (see ``POLICY_SPECS``); model stacks load lazily."""
+    from harnessrl.policy.scripted import OraclePolicy, RandomPolicy
+
+    if spec == "oracle":
+        return OraclePolicy()
+    if spec == "random":
+        return RandomPolicy(seed=seed)
+    if spec in ("embedded", "hf") or spec.startswith("hf:"):
+        from harnessrl.policy.hf import HFPolicy
+
+        return HFPolicy(None if spec in ("embedded", "hf") else spec[3:], **kwargs)
+    if spec.startswith(("openai:", "openai-text:")):
+        from harnessrl.policy.openai import OpenAIPolicy
+
+        kind, _, rest = spec.partition(":")
+        model, _, url = rest.partition("@")
+        if not model or not url:
+            raise ValueError(f"policy {spec!r}: expected {kind}:<model>@<base url>")
+        return OpenAIPolicy(model, url, mode="text" if kind == "openai-text" else "tokens", **kwargs)
+    raise ValueError(f"unknown policy {spec!r}; use one of: {POLICY_SPECS}")
+
+
+__all__ = ["POLICY_SPECS", "Generation", "GenerationRequest", "Policy", "SamplingParams", "make_policy"]

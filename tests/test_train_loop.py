@@ -117,3 +117,17 @@ def test_resume_after_sigkill_continues_the_same_schedule(tiny_model, tmp_path):
     assert [r["pairs"] for r in resumed] == [r["pairs"] for r in reference]
     # Same weights, same seeds: the redone steps sample the same rollouts.
     assert [r["tokens_generated"] for r in resumed] == [r["tokens_generated"] for r in reference]
+
+
+def test_ppo_run_trains_a_value_head_over_turns(tiny_model, tmp_path):
+    run_dir = tmp_path / "ppo"
+    overrides = {**tiny_overrides(tiny_model, run_dir, 1), "algorithm": "ppo", "group_size": 1,
+                 "tasks_per_step": 2, "max_turns": 2, "sft_warm_start_steps": 0, "eval_base": False,
+                 "skip_no_signal_groups": False}
+    train(load_config(preset="quick", overrides=overrides), log=lambda m: None)
+    record = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert record["episodes"] == 2 and record["trained_samples"] >= 2
+    assert "update/vf_loss" in record and "update/explained_variance" in record
+    checkpoint = run_dir / "checkpoints" / "step-000001"
+    head = torch.load(checkpoint / "value_head.pt")
+    assert head["weight"].shape[-1] == 32

@@ -74,6 +74,7 @@ class Turn:
             loss_mask=[0] * len(self.prompt_ids) + [1] * len(self.completion_ids),
             old_logprobs=[0.0] * len(self.prompt_ids) + list(self.completion_logprobs),
             spans=[*self.prompt_labels(), *([SPAN_POLICY] * len(self.completion_ids))],
+            turn_starts=[(self.index, len(self.prompt_ids))],
         )
 
 
@@ -85,6 +86,8 @@ class TrainingSample:
     loss_mask: list[int]
     old_logprobs: list[float]
     spans: list[str]
+    # (turn index, position of the turn's first sampled token) for every turn in the sequence
+    turn_starts: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -127,6 +130,7 @@ class Trajectory:
                 if len(turn.prompt_ids) >= n and turn.prompt_ids[:n] == last.input_ids:
                     extra = turn.prompt_ids[n:]
                     extra_spans = turn.prompt_labels()[n:]
+                    last.turn_starts.append((turn.index, len(turn.prompt_ids)))
                     last.input_ids += [*extra, *turn.completion_ids]
                     last.loss_mask += [0] * len(extra) + [1] * len(turn.completion_ids)
                     last.old_logprobs += [0.0] * len(extra) + list(turn.completion_logprobs)

@@ -47,6 +47,7 @@ def save_checkpoint(
     scheduler: Any,
     state: dict[str, Any],
     keep: int = 2,
+    extra_modules: dict[str, torch.nn.Module] | None = None,
 ) -> Path:
     """Writes checkpoint ``step`` (the number of completed steps) and prunes old ones; returns its path."""
     root = Path(run_dir) / "checkpoints"
@@ -63,6 +64,8 @@ def save_checkpoint(
         {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict() if scheduler else None, "rng": _rng_state()},
         tmp / "optim.pt",
     )
+    for name, module in (extra_modules or {}).items():
+        torch.save(module.state_dict(), tmp / f"{name}.pt")
     (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2), encoding="utf-8")
     if final.exists():
         shutil.rmtree(final)

@@ -42,7 +42,9 @@ class TrainConfig(BaseModel):
     k: int = Field(2, ge=1, description="configurations per task, on K successive steps (paper: 2)")
 
     # -- rollouts ---------------------------------------------------------------------------------
-    algorithm: Literal["grpo"] = Field("grpo", description="policy-gradient algorithm")
+    algorithm: Literal["grpo", "ppo"] = Field(
+        "grpo", description="grpo: group-relative advantages; ppo: value head + GAE over turns, one rollout per task"
+    )
     tasks_per_step: int = Field(16, ge=1, description="tasks per step (paper GRPO: 16)")
     group_size: int = Field(8, ge=1, description="rollouts per task per step, the GRPO group (paper: 8)")
     temperature: float = Field(1.0, ge=0.0, description="sampling temperature of training rollouts")
@@ -70,6 +72,10 @@ class TrainConfig(BaseModel):
     kl_coef: float = Field(0.0, ge=0.0, description="KL penalty to a frozen reference (off in both papers)")
     kl_estimator: Literal["k1", "k3"] = Field("k3", description="KL estimator")
     entropy_coef: float = Field(0.0, ge=0.0, description="entropy bonus")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="PPO discount over turns")
+    gae_lambda: float = Field(0.95, ge=0.0, le=1.0, description="PPO GAE lambda over turns")
+    vf_coef: float = Field(0.1, ge=0.0, description="PPO value-loss coefficient")
+    vf_clip: float = Field(0.2, ge=0.0, description="PPO value clip range")
     skip_no_signal_groups: bool = Field(True, description="leave groups with all-equal rewards out of the update")
 
     # -- warm start -----------------------------------------------------------------------------------
@@ -122,6 +128,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eval_held_out": 2,
         "eval_out_of_space": True,
         "max_concurrent": 8,
+    },
+    # The paper's PPO setting: 128 tasks x 1 rollout per step.
+    "paper-ppo": {
+        "algorithm": "ppo",
+        "tasks_per_step": 128,
+        "group_size": 1,
+        "k": 2,
+        "steps": 300,
+        "learning_rate": 1e-6,
+        "eval_every": 25,
+        "eval_tasks": 64,
+        "eval_held_out": 18,
+        "skip_no_signal_groups": False,
     },
     # The paper's protocol (GRPO): 16 tasks x 8 rollouts, K=2 over OA(18), 300 steps.
     "paper": {

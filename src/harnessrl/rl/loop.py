@@ -31,11 +31,11 @@ from harnessrl.eval.metrics import bootstrap_ci
 from harnessrl.harness.harness import Harness, HarnessLimits, out_of_space_names
 from harnessrl.harness.registry import registered_space
 from harnessrl.pairing import PairingSchedule
-from harnessrl.rl.advantages import grpo_advantages, no_signal_fraction
+from harnessrl.rl.advantages import gae, grpo_advantages, no_signal_fraction
 from harnessrl.rl.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
 from harnessrl.rl.config import TrainConfig
 from harnessrl.rl.sft import oracle_demonstrations, sft_samples
-from harnessrl.rl.update import UpdateSample, update_step
+from harnessrl.rl.update import UpdateSample, compute_values, update_step
 from harnessrl.rollout import RolloutEngine, RolloutJob
 from harnessrl.tasks.model import Task
 from harnessrl.tasks.suite import load_suite
@@ -111,7 +111,18 @@ class Trainer:
         if cfg.lora_rank:
             self.model = self._wrap_lora(self.model)
             self.policy.model = self.model
+        self.value_head: torch.nn.Module | None = None
+        if cfg.algorithm == "ppo":
+            # The critic shares the policy's trunk: a linear value head on the last hidden state.
+            hidden = int(self.model.config.hidden_size)
+            self.value_head = torch.nn.Linear(hidden, 1).to(next(self.model.parameters()).device)
+            torch.nn.init.zeros_(self.value_head.weight)
+            torch.nn.init.zeros_(self.value_head.bias)
+            if resume and checkpoint is not None and (checkpoint / "value_head.pt").exists():
+                self.value_head.load_state_dict(torch.load(checkpoint / "value_head.pt", map_location="cpu"))
         trainable = [p for p in self.model.parameters() if p.requires_grad]
+        if self.value_head is not None:
+            trainable += list(self.value_head.parameters())
         self.optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, cfg.steps))
         self.state: dict[str, Any] = {"step": 0}
@@ -214,13 +225,10 @@ class Trainer:
         t0 = time.perf_counter()
         trajectories, groups, stats = self.rollouts(step)
         rewards = [t.reward for t in trajectories]
-        advantages = grpo_advantages(rewards, groups, scale_std=self.cfg.scale_std)
-        samples: list[UpdateSample] = []
-        for trajectory, advantage in zip(trajectories, advantages, strict=True):
-            if self.cfg.skip_no_signal_groups and advantage == 0.0:
-                continue
-            for s in trajectory.training_samples():
-                samples.append(UpdateSample(s.input_ids, s.loss_mask, s.old_logprobs, advantage))
+        if self.cfg.algorithm == "ppo":
+            samples = self.ppo_samples(trajectories)
+        else:
+            samples = self.grpo_samples(trajectories, rewards, groups)
         t1 = time.perf_counter()
         update = update_step(
             self.model, self.optimizer, samples, self.policy.tokenizer.pad_token_id,
@@ -229,7 +237,8 @@ class Trainer:
             importance_cap=self.cfg.importance_cap, entropy_coef=self.cfg.entropy_coef,
             kl_coef=self.cfg.kl_coef, kl_estimator=self.cfg.kl_estimator,
             max_grad_norm=self.cfg.max_grad_norm, micro_batch_tokens=self.cfg.micro_batch_tokens,
-            scheduler=self.scheduler,
+            scheduler=self.scheduler, value_head=self.value_head, vf_coef=self.cfg.vf_coef,
+            vf_clip=self.cfg.vf_clip,
         )
         save_jsonl(trajectories, self.run_dir / "rollouts" / f"step-{step:06d}.jsonl")
         return {
@@ -248,6 +257,66 @@ class Trainer:
             "tokens_generated": stats.tokens_generated,
             **{f"update/{k}": v for k, v in update.items()},
         }
+
+    def grpo_samples(self, trajectories: list[Any], rewards: list[float], groups: list[int]) -> list[UpdateSample]:
+        """Returns update samples with each rollout's group-relative advantage."""
+        advantages = grpo_advantages(rewards, groups, scale_std=self.cfg.scale_std)
+        samples: list[UpdateSample] = []
+        for trajectory, advantage in zip(trajectories, advantages, strict=True):
+            if self.cfg.skip_no_signal_groups and advantage == 0.0:
+                continue
+            for s in trajectory.training_samples():
+                samples.append(UpdateSample(s.input_ids, s.loss_mask, s.old_logprobs, advantage))
+        return samples
+
+    def ppo_samples(self, trajectories: list[Any]) -> list[UpdateSample]:
+        """Returns update samples with per-turn GAE advantages from the value head.
+
+        The critic values the state before each turn (the hidden state of the token before
+        the turn's first sampled token); the reward arrives on the last turn; advantages are
+        normalised over the batch and broadcast over each turn's sampled tokens.
+        """
+        assert self.value_head is not None
+        per_trajectory: list[list[UpdateSample]] = []
+        for trajectory in trajectories:
+            samples = []
+            for s in trajectory.training_samples():
+                samples.append(UpdateSample(
+                    s.input_ids, s.loss_mask, s.old_logprobs, 0.0,
+                    meta={"turns": [index for index, _ in s.turn_starts], "starts": [p for _, p in s.turn_starts]},
+                    value_positions=[p - 1 for _, p in s.turn_starts],
+                ))
+            per_trajectory.append(samples)
+        flat = [s for samples in per_trajectory for s in samples]
+        if not flat:
+            return []
+        values = compute_values(self.model, self.value_head, flat, self.policy.tokenizer.pad_token_id,
+                                self.cfg.micro_batch_tokens)
+        value_of = {id(s): v for s, v in zip(flat, values, strict=True)}
+        turn_advantages: list[dict[int, tuple[float, float, float]]] = []
+        all_advantages: list[float] = []
+        for trajectory, samples in zip(trajectories, per_trajectory, strict=True):
+            by_turn = {t: v for s in samples for t, v in zip(s.meta["turns"], value_of[id(s)], strict=True)}
+            order = sorted(by_turn)
+            turn_rewards = [0.0] * len(order)
+            if order:
+                turn_rewards[-1] = float(trajectory.reward)
+            adv, ret = gae(turn_rewards, [by_turn[t] for t in order], self.cfg.gamma, self.cfg.gae_lambda)
+            turn_advantages.append({t: (a, r, by_turn[t]) for t, a, r in zip(order, adv, ret, strict=True)})
+            all_advantages += adv
+        mean = float(np.mean(all_advantages)) if all_advantages else 0.0
+        std = float(np.std(all_advantages)) if len(all_advantages) > 1 else 1.0
+        for trajectory, samples, table in zip(trajectories, per_trajectory, turn_advantages, strict=True):
+            for s in samples:
+                token_adv = [0.0] * len(s.input_ids)
+                for turn, start in zip(s.meta["turns"], s.meta["starts"], strict=True):
+                    a = (table[turn][0] - mean) / max(std, 1e-6)
+                    for i in range(start, start + len(trajectory.turns[turn].completion_ids)):
+                        token_adv[i] = a
+                s.advantage = token_adv
+                s.returns = [table[t][1] for t in s.meta["turns"]]
+                s.old_values = [table[t][2] for t in s.meta["turns"]]
+        return flat
 
     # -- the run ---------------------------------------------------------------------------------
     def warm_start(self) -> dict[str, Any]:
@@ -297,8 +366,9 @@ class Trainer:
 
     def checkpoint(self, step: int) -> None:
         tokenizer = getattr(self.policy, "hf_tokenizer", None)
+        extra = {"value_head": self.value_head} if self.value_head is not None else None
         save_checkpoint(self.run_dir, step, self.model, tokenizer, self.optimizer, self.scheduler, self.state,
-                        keep=self.cfg.keep_checkpoints)
+                        keep=self.cfg.keep_checkpoints, extra_modules=extra)
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -347,6 +417,7 @@ class Trainer:
             }
         return {
             "run_dir": str(self.run_dir), "steps": self.cfg.steps, "design": self.design.kind,
+            "algorithm": self.cfg.algorithm,
             "train_configs": self.design.codes, "held_out": [c.code for c in self.held_out.configs],
             "eval_tasks": [t.id for t in self.eval_tasks], "pass_at_1": rows,
             "warm_start": self.state.get("warm_start"),
@@ -358,7 +429,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines = [
         f"# Training run `{summary['run_dir']}`",
         "",
-        f"{summary['steps']} GRPO steps over the `{summary['design']}` design "
+        f"{summary['steps']} {summary.get('algorithm', 'grpo').upper()} steps over the `{summary['design']}` design "
         f"({len(summary['train_configs'])} configurations); evaluated on {len(summary['eval_tasks'])} test tasks.",
         "",
         "| evaluation set | base Pass@1 | trained Pass@1 | 95% CI (trained) | change |",

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from harnessrl.rl.losses import policy_loss, token_logprobs_and_entropy
+from harnessrl.rl.losses import policy_loss, token_logprobs_and_entropy, value_loss
 
 
 @dataclass
@@ -25,6 +25,11 @@ class UpdateSample:
     rollout_logprobs: list[float]
     advantage: float | list[float] = 1.0
     meta: dict[str, Any] = field(default_factory=dict)
+    # PPO critic targets: positions whose hidden state values the state (the token before a
+    # turn's first sampled token), the return there, and the value at rollout time.
+    value_positions: list[int] = field(default_factory=list)
+    returns: list[float] = field(default_factory=list)
+    old_values: list[float] = field(default_factory=list)
 
 
 def micro_batches(samples: list[UpdateSample], token_budget: int) -> list[list[UpdateSample]]:
@@ -59,8 +64,19 @@ def _collate(batch: list[UpdateSample], pad_id: int, device: torch.device) -> di
         rollout[row, :n] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
         adv = s.advantage if isinstance(s.advantage, list) else [float(s.advantage)] * n
         advantages[row, :n] = torch.tensor(adv, dtype=torch.float32)
+    value_mask = torch.zeros((len(batch), length), dtype=torch.float32)
+    returns = torch.zeros((len(batch), length), dtype=torch.float32)
+    old_values = torch.zeros((len(batch), length), dtype=torch.float32)
+    for row, s in enumerate(batch):
+        for i, pos in enumerate(s.value_positions):
+            value_mask[row, pos] = 1.0
+            if i < len(s.returns):  # targets exist once advantages are computed
+                returns[row, pos], old_values[row, pos] = s.returns[i], s.old_values[i]
     # Position t's logits predict token t+1: shift everything that belongs to targets.
     return {
+        "value_mask": value_mask.to(device),
+        "returns": returns.to(device),
+        "old_values": old_values.to(device),
         "input_ids": ids.to(device),
         "attention_mask": attention.to(device),
         "targets": ids[:, 1:].to(device),
@@ -89,6 +105,9 @@ def update_step(
     max_grad_norm: float = 1.0,
     micro_batch_tokens: int = 4096,
     scheduler: Any = None,
+    value_head: torch.nn.Module | None = None,
+    vf_coef: float = 0.1,
+    vf_clip: float | None = 0.2,
 ) -> dict[str, float]:
     """Runs one optimizer step over ``samples`` and returns averaged diagnostics.
 
@@ -104,6 +123,7 @@ def update_step(
     optimizer.zero_grad(set_to_none=True)
     total_tokens = float(sum(sum(s.loss_mask[1:]) for s in samples))
     total_seqs = float(sum(1 for s in samples if sum(s.loss_mask[1:]) > 0))
+    total_values = float(sum(len(s.value_positions) for s in samples))
     sums: dict[str, float] = {}
     weights: dict[str, float] = {}
     batches = micro_batches(samples, micro_batch_tokens)
@@ -114,7 +134,11 @@ def update_step(
             continue
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else _null()
         with autocast:
-            logits = model(input_ids=data["input_ids"], attention_mask=data["attention_mask"]).logits[:, :-1]
+            output = model(
+                input_ids=data["input_ids"], attention_mask=data["attention_mask"],
+                output_hidden_states=value_head is not None,
+            )
+            logits = output.logits[:, :-1]
         logprobs, entropy = token_logprobs_and_entropy(logits, data["targets"], temperature if objective == "pg" else 1.0)
         if objective == "nll":
             loss = -(logprobs * data["mask"]).sum() / max(total_tokens, 1.0)
@@ -147,6 +171,11 @@ def update_step(
             )
             loss = out.loss * scale
             metrics = dict(out.metrics)
+            if value_head is not None and float(data["value_mask"].sum()) > 0:
+                values = value_head(output.hidden_states[-1].float()).squeeze(-1)
+                vf = value_loss(values, data["old_values"], data["returns"], data["value_mask"], vf_clip, "token_sum_norm")
+                loss = loss + vf_coef * vf.loss * float(data["value_mask"].sum()) / max(total_values, 1.0)
+                metrics.update(vf.metrics)
             with torch.no_grad():
                 mismatch = (data["rollout_logprobs"] - logprobs.detach()).abs() * data["mask"]
                 metrics["rollout_logprob_diff"] = float(mismatch.sum() / n_tokens)
@@ -154,7 +183,10 @@ def update_step(
         for key, value in metrics.items():
             sums[key] = sums.get(key, 0.0) + value * n_tokens
             weights[key] = weights.get(key, 0.0) + n_tokens
-    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], max_grad_norm)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if value_head is not None:
+        params += list(value_head.parameters())
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     optimizer.step()
     if scheduler is not None:
         scheduler.step()
@@ -170,3 +202,23 @@ class _null:
 
     def __exit__(self, *args: object) -> None:
         return None
+
+
+@torch.no_grad()
+def compute_values(
+    model: torch.nn.Module, value_head: torch.nn.Module, samples: list[UpdateSample], pad_id: int,
+    micro_batch_tokens: int = 4096,
+) -> list[list[float]]:
+    """Returns, per sample, the critic's values at its ``value_positions`` (no gradient)."""
+    device = next(model.parameters()).device
+    model.eval()
+    out: dict[int, list[float]] = {}
+    for batch in micro_batches(samples, micro_batch_tokens):
+        data = _collate(batch, pad_id, device)
+        hidden = model(
+            input_ids=data["input_ids"], attention_mask=data["attention_mask"], output_hidden_states=True
+        ).hidden_states[-1]
+        values = value_head(hidden.float()).squeeze(-1)
+        for row, sample in enumerate(batch):
+            out[id(sample)] = [float(values[row, p]) for p in sample.value_positions]
+    return [out[id(s)] for s in samples]

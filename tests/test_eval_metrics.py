@@ -1,0 +1,40 @@
+"""Pass@k, Avg@k and bootstrap intervals against direct computation."""
+
+import itertools
+from math import comb
+
+import pytest
+
+from harnessrl.eval.metrics import avg_at_k, bootstrap_ci, mean_pass_at_k, pass_at_k
+
+
+@pytest.mark.parametrize(("n", "c", "k"), [(5, 0, 1), (5, 1, 1), (5, 2, 3), (10, 3, 5), (4, 4, 2), (8, 7, 2)])
+def test_pass_at_k_equals_the_fraction_of_k_subsets_with_a_success(n, c, k):
+    runs = [True] * c + [False] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    direct = sum(any(runs[i] for i in s) for s in subsets) / comb(n, k)
+    assert pass_at_k(n, c, k) == pytest.approx(direct)
+
+
+def test_pass_at_1_is_the_success_rate_and_avg_at_k_the_mean():
+    per_task = [[True, False, False], [True, True, True], [False, False, False]]
+    assert mean_pass_at_k(per_task, 1) == pytest.approx((1 / 3 + 1 + 0) / 3)
+    assert mean_pass_at_k(per_task, 3) == pytest.approx((1 + 1 + 0) / 3)
+    assert avg_at_k(per_task) == pytest.approx((1 / 3 + 1 + 0) / 3)
+
+
+def test_pass_at_k_rejects_impossible_arguments():
+    with pytest.raises(ValueError, match="at least 3 samples"):
+        pass_at_k(2, 1, 3)
+    with pytest.raises(ValueError, match="0 <= c <= n"):
+        pass_at_k(2, 3, 1)
+
+
+def test_bootstrap_interval_brackets_the_mean_and_shrinks_with_data():
+    small = [1.0, 0.0] * 5
+    large = [1.0, 0.0] * 500
+    lo_s, hi_s = bootstrap_ci(small, seed=1)
+    lo_l, hi_l = bootstrap_ci(large, seed=1)
+    assert lo_s <= 0.5 <= hi_s and lo_l <= 0.5 <= hi_l
+    assert hi_l - lo_l < hi_s - lo_s
+    assert bootstrap_ci([]) == (0.0, 0.0)

@@ -8,7 +8,7 @@ from harnessrl.policy.base import Generation, GenerationRequest, Policy, Samplin
 
 POLICY_SPECS = (
     "oracle | random | embedded | hf:<local model folder> | openai:<model>@<base url> "
-    "| openai-text:<model>@<base url>"
+    "| openai-text:<model>@<base url> | vllm:<local model folder or 'embedded'>"
 )
 
 
@@ -24,6 +24,11 @@ def make_policy(spec: str, seed: int = 0, **kwargs: Any) -> Policy:
         from harnessrl.policy.hf import HFPolicy
 
         return HFPolicy(None if spec in ("embedded", "hf") else spec[3:], **kwargs)
+    if spec.startswith("vllm:"):
+        from harnessrl.policy.vllm_cpu import VLLMPolicy
+
+        target = spec[5:]
+        return VLLMPolicy(None if target in ("", "embedded") else target, **kwargs)
     if spec.startswith(("openai:", "openai-text:")):
         from harnessrl.policy.openai import OpenAIPolicy
 

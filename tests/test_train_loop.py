@@ -43,7 +43,7 @@ def tiny_overrides(model, run_dir, steps):
         "model": str(model), "run_dir": str(run_dir), "steps": steps, "tasks_per_step": 1, "group_size": 2,
         "max_turns": 1, "max_new_tokens": 8, "max_train_tasks": 8, "sft_warm_start_steps": 1, "sft_tasks": 2,
         "eval_tasks": 1, "eval_held_out": 1, "eval_out_of_space": True, "micro_batch_tokens": 4096,
-        "learning_rate": 1e-3, "temperature": 1.0, "seed": 3,
+        "learning_rate": 1e-3, "temperature": 1.0, "seed": 3, "save_every": 1, "keep_checkpoints": 2,
     }
 
 
@@ -131,3 +131,18 @@ def test_ppo_run_trains_a_value_head_over_turns(tiny_model, tmp_path):
     checkpoint = run_dir / "checkpoints" / "step-000001"
     head = torch.load(checkpoint / "value_head.pt")
     assert head["weight"].shape[-1] == 32
+
+
+def test_masked_logprobs_equal_the_full_vocabulary_projection(tiny_model):
+    from harnessrl.rl.losses import token_logprobs_and_entropy
+    from harnessrl.rl.update import _collate, masked_token_logprobs
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model)
+    samples = [UpdateSample(list(range(5, 25)), [0] * 12 + [1] * 8, [0.0] * 20),
+               UpdateSample(list(range(30, 45)), [0] * 5 + [1] * 10, [0.0] * 15)]
+    data = _collate(samples, 0, torch.device("cpu"))
+    _, logprobs, entropy = masked_token_logprobs(model, data, 0.7)
+    logits = model(input_ids=data["input_ids"], attention_mask=data["attention_mask"]).logits[:, :-1]
+    ref_logprobs, ref_entropy = token_logprobs_and_entropy(logits, data["targets"], 0.7)
+    assert torch.allclose(logprobs, ref_logprobs * data["mask"], atol=1e-5)
+    assert torch.allclose(entropy, ref_entropy * data["mask"], atol=1e-4)

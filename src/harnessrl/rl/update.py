@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from harnessrl.rl.losses import policy_loss, token_logprobs_and_entropy, value_loss
+from harnessrl.rl.losses import policy_loss, value_loss
 
 
 @dataclass
@@ -134,12 +134,9 @@ def update_step(
             continue
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else _null()
         with autocast:
-            output = model(
-                input_ids=data["input_ids"], attention_mask=data["attention_mask"],
-                output_hidden_states=value_head is not None,
+            hidden, logprobs, entropy = masked_token_logprobs(
+                model, data, temperature if objective == "pg" else 1.0, entropy_grad=entropy_coef > 0
             )
-            logits = output.logits[:, :-1]
-        logprobs, entropy = token_logprobs_and_entropy(logits, data["targets"], temperature if objective == "pg" else 1.0)
         if objective == "nll":
             loss = -(logprobs * data["mask"]).sum() / max(total_tokens, 1.0)
             with torch.no_grad():
@@ -153,8 +150,7 @@ def update_step(
                 if ref_model is None:
                     raise ValueError("kl_coef > 0 needs a reference model")
                 with torch.no_grad():
-                    ref_logits = ref_model(input_ids=data["input_ids"], attention_mask=data["attention_mask"]).logits[:, :-1]
-                ref_logprobs, _ = token_logprobs_and_entropy(ref_logits, data["targets"], temperature)
+                    _, ref_logprobs, _ = masked_token_logprobs(ref_model, data, temperature)
             # Aggregate over the whole step, not the micro-batch: token_mean becomes a sum
             # over tokens / all policy tokens of the step; seq_mean weights by sequences.
             if aggregation == "token_mean":
@@ -172,7 +168,7 @@ def update_step(
             loss = out.loss * scale
             metrics = dict(out.metrics)
             if value_head is not None and float(data["value_mask"].sum()) > 0:
-                values = value_head(output.hidden_states[-1].float()).squeeze(-1)
+                values = value_head(hidden.float()).squeeze(-1)
                 vf = value_loss(values, data["old_values"], data["returns"], data["value_mask"], vf_clip, "token_sum_norm")
                 loss = loss + vf_coef * vf.loss * float(data["value_mask"].sum()) / max(total_values, 1.0)
                 metrics.update(vf.metrics)
@@ -204,6 +200,33 @@ class _null:
         return None
 
 
+def masked_token_logprobs(
+    model: torch.nn.Module, data: dict[str, torch.Tensor], temperature: float, entropy_grad: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (last hidden states [B, L, H], log-probs [B, L-1], entropy [B, L-1]) where only
+    trained positions (``data["mask"]``) are projected through the LM head.
+
+    Most of a sequence is prompt; projecting every position to the vocabulary (49k for the
+    embedded model) and taking its log-softmax would dominate the step. Untrained positions
+    get 0. Entropy keeps its graph only when an entropy bonus needs it.
+    """
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    hidden = decoder(input_ids=data["input_ids"], attention_mask=data["attention_mask"]).last_hidden_state
+    rows, cols = torch.nonzero(data["mask"] > 0, as_tuple=True)
+    logits = head(hidden[:, :-1][rows, cols]).float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    picked = logp_all.gather(-1, data["targets"][rows, cols].unsqueeze(-1)).squeeze(-1)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        picked_entropy = -(logp_all.exp() * logp_all).sum(-1)
+    logprobs = torch.zeros(data["mask"].shape, dtype=picked.dtype, device=picked.device)
+    entropy = torch.zeros_like(logprobs)
+    logprobs = logprobs.index_put((rows, cols), picked)
+    entropy = entropy.index_put((rows, cols), picked_entropy)
+    return hidden, logprobs, entropy
+
+
 @torch.no_grad()
 def compute_values(
     model: torch.nn.Module, value_head: torch.nn.Module, samples: list[UpdateSample], pad_id: int,
@@ -215,9 +238,9 @@ def compute_values(
     out: dict[int, list[float]] = {}
     for batch in micro_batches(samples, micro_batch_tokens):
         data = _collate(batch, pad_id, device)
-        hidden = model(
-            input_ids=data["input_ids"], attention_mask=data["attention_mask"], output_hidden_states=True
-        ).hidden_states[-1]
+        hidden = model.get_decoder()(
+            input_ids=data["input_ids"], attention_mask=data["attention_mask"]
+        ).last_hidden_state
         values = value_head(hidden.float()).squeeze(-1)
         for row, sample in enumerate(batch):
             out[id(sample)] = [float(values[row, p]) for p in sample.value_positions]

@@ -45,6 +45,21 @@ def plan_text(actions: Sequence[Action]) -> str:
     return "\n".join(lines)
 
 
+def describe_action(action: Action) -> str:
+    """Returns a one-line thought that says what the action does and why (a demonstration
+    teaches more when its reasoning names the file, command or answer it acts on)."""
+    if action.kind == "write_file":
+        return f"I will write the file {action.path} with the required content."
+    if action.kind == "edit_file":
+        return f"I will edit {action.path}, replacing the exact text that has to change."
+    if action.kind == "run":
+        first = str(action.command).strip().splitlines()[0] if str(action.command).strip() else ""
+        return f"I will run `{first[:100]}` in the workspace."
+    if action.answer:
+        return f"The work is done; I submit the answer {action.answer.strip()[:100]}."
+    return "The work is done and checked; I submit."
+
+
 class OraclePolicy(Policy):
     """Replays each task's gold solution in the syntax of the episode's harness.
 
@@ -72,7 +87,7 @@ class OraclePolicy(Policy):
             self._cursor[episode] = cursor + 1
         # Asked again after the final submit (a W2 review): submit again.
         action = gold[min(cursor, len(gold) - 1)]
-        return tools.render(action, thought=f"Step {min(cursor, len(gold) - 1) + 1} of {len(gold)}.")
+        return tools.render(action, thought=describe_action(action))
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         out = []

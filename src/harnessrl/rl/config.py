@@ -118,7 +118,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_turns": 2,
         "max_new_tokens": 96,
         "context_tokens": 4096,
-        "temperature": 1.0,
+        "temperature": 0.7,
         "learning_rate": 2e-6,
         "micro_batch_tokens": 6144,
         "sft_warm_start_steps": 4,

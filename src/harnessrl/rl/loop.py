@@ -17,6 +17,7 @@ import json
 import math
 import random
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -176,7 +177,7 @@ class Trainer:
             self.policy, [c for codes in sets.values() for c in codes], self.eval_tasks, k=1,
             limits=self.limits, temperature=self.cfg.eval_temperature, max_new_tokens=self.cfg.max_new_tokens,
             seed=self.cfg.seed, max_concurrent=self.cfg.max_concurrent, env_workers=self.cfg.env_workers,
-            backend=self.cfg.sandbox_backend,
+            backend=self.cfg.sandbox_backend, progress=sys.stderr.isatty(),
         )
         save_jsonl(result.trajectories, self.run_dir / "eval" / f"{label}.jsonl")
         out: dict[str, Any] = {}
@@ -216,7 +217,7 @@ class Trainer:
             self.policy, max_concurrent=self.cfg.max_concurrent, env_workers=self.cfg.env_workers,
             sampling=SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                                     max_new_tokens=self.cfg.max_new_tokens),
-            backend=self.cfg.sandbox_backend,
+            backend=self.cfg.sandbox_backend, progress=sys.stderr.isatty(),
         )
         trajectories, stats = engine.run(jobs)
         return trajectories, [job.tags["group"] for job in jobs], stats

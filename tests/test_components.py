@@ -109,3 +109,31 @@ def test_workflows():
     assert not first.done and "Checklist" in first.message and "a.txt" in first.message
     state.submits = 2
     assert retry.on_submit(state, FakeSandbox()).done
+
+
+def test_compaction_can_ask_the_policy_for_the_summary():
+    from harnessrl.harness import Harness
+    from harnessrl.harness.chat import ByteTokenizer
+    from harnessrl.harness.context import Compaction
+    from harnessrl.policy.base import Generation
+
+    class SummaryPolicy:
+        tokenizer = ByteTokenizer()
+        calls = 0
+
+        def generate(self, requests):
+            SummaryPolicy.calls += 1
+            prompt = self.tokenizer.decode(requests[0].prompt_ids)
+            assert "output 0" in prompt  # the dropped turns are what it summarizes
+            ids = self.tokenizer.completion_ids("Listed files; a.txt changed.")
+            return [Generation(ids, [0.0] * len(ids), "stop")]
+
+    harness = Harness.named("S0-T0-O0-C2-W0").with_policy_summaries(SummaryPolicy())
+    state = EpisodeState(make_task())
+    out = harness.context.apply(history(6), state, len, 1000)
+    digest = next(m for m in out if m.span == SPAN_SUMMARY)
+    assert digest.content.endswith("Listed files; a.txt changed.")
+    harness.context.apply(history(6), state, len, 1000)
+    assert SummaryPolicy.calls == 1  # one summary per set of dropped turns
+    assert isinstance(Harness.named("S0-T0-O0-C1-W0").with_policy_summaries(SummaryPolicy()).context, ObservationWindow)
+    assert not isinstance(Harness.named("S0-T0-O0-C1-W0").context, Compaction)

@@ -71,6 +71,17 @@ class Harness:
     def __repr__(self) -> str:
         return f"Harness({self.code!r})"
 
+    def with_policy_summaries(self, policy: object, max_new_tokens: int = 256) -> Harness:
+        """Makes a compaction context (C2) ask ``policy`` for its digests; other context
+        policies are left as they are. Returns the harness itself."""
+        from harnessrl.harness.context import Compaction, PolicySummarizer
+
+        if isinstance(self.context, Compaction):
+            self.context = Compaction(
+                summarizer=PolicySummarizer(policy, max_new_tokens), budget_fraction=self.context.budget_fraction
+            )
+        return self
+
     @classmethod
     def from_config(cls, config: HarnessConfig | str, limits: HarnessLimits | None = None) -> Harness:
         """Returns the harness of an in-space configuration (a ``HarnessConfig`` or its code)."""

@@ -146,3 +146,20 @@ def test_masked_logprobs_equal_the_full_vocabulary_projection(tiny_model):
     ref_logprobs, ref_entropy = token_logprobs_and_entropy(logits, data["targets"], 0.7)
     assert torch.allclose(logprobs, ref_logprobs * data["mask"], atol=1e-5)
     assert torch.allclose(entropy, ref_entropy * data["mask"], atol=1e-4)
+
+
+def test_lora_run_trains_only_the_adapter_and_resumes(tiny_model, tmp_path):
+    pytest.importorskip("peft", reason="peft is installed by `make test`")
+    run_dir = tmp_path / "lora"
+    overrides = {**tiny_overrides(tiny_model, run_dir, 1), "lora_rank": 4, "kl_coef": 0.05, "eval_base": False}
+    train(load_config(preset="quick", overrides=overrides), log=lambda m: None)
+    adapter = run_dir / "checkpoints" / "step-000001" / "model"
+    assert (adapter / "adapter_config.json").exists() and not (adapter / "model.safetensors").exists()
+    record = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert record["step"] == 0
+    resumed = Trainer(load_config(preset="quick", overrides={**overrides, "steps": 2}), resume=True, log=lambda m: None)
+    assert resumed.state["step"] == 1 and resumed.ref_model is not None
+    lora_weights = {k: v for k, v in resumed.model.state_dict().items() if "lora_B" in k}
+    assert lora_weights and any(float(v.abs().sum()) > 0 for v in lora_weights.values())  # trained adapter loaded
+    trainable = [n for n, p in resumed.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)

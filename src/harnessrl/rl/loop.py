@@ -106,12 +106,20 @@ class Trainer:
 
         from harnessrl.policy.hf import HFPolicy
 
-        model_source = str(checkpoint / "model") if (resume and checkpoint) else cfg.model
+        resuming = resume and checkpoint is not None
+        # A LoRA checkpoint holds only the adapter: the base model comes from the config.
+        model_source = str(checkpoint / "model") if (resuming and not cfg.lora_rank) else cfg.model
         self.policy = HFPolicy(model_source, device=cfg.device, dtype=cfg.dtype)
         self.model = self.policy.model
         if cfg.lora_rank:
-            self.model = self._wrap_lora(self.model)
+            self.model = self._wrap_lora(self.model, checkpoint / "model" if resuming else None)
             self.policy.model = self.model
+        # The KL reference is the model the run started from, also after a resume.
+        self.ref_model: torch.nn.Module | None = None
+        if cfg.kl_coef > 0:
+            self.ref_model = HFPolicy(cfg.model, device=cfg.device, dtype=cfg.dtype).model.eval()
+            for parameter in self.ref_model.parameters():
+                parameter.requires_grad_(False)
         self.value_head: torch.nn.Module | None = None
         if cfg.algorithm == "ppo":
             # The critic shares the policy's trunk: a linear value head on the last hidden state.
@@ -148,11 +156,13 @@ class Trainer:
         self.harnesses: dict[str, Harness] = {}
         self._pairs: list[list[str]] = []
 
-    def _wrap_lora(self, model: Any) -> Any:
+    def _wrap_lora(self, model: Any, adapter_dir: Path | None) -> Any:
         try:
-            from peft import LoraConfig, get_peft_model
+            from peft import LoraConfig, PeftModel, get_peft_model
         except ImportError:
             raise ValueError("lora_rank > 0 needs peft: pip install 'harnessrl[lora]'") from None
+        if adapter_dir is not None:
+            return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
         config = LoraConfig(r=self.cfg.lora_rank, lora_alpha=self.cfg.lora_alpha, target_modules="all-linear")
         return get_peft_model(model, config)
 
@@ -236,7 +246,7 @@ class Trainer:
             objective="pg", temperature=self.cfg.temperature if self.cfg.temperature > 0 else 1.0,
             clip_low=self.cfg.clip_low, clip_high=self.cfg.clip_high, aggregation=self.cfg.aggregation,
             importance_cap=self.cfg.importance_cap, entropy_coef=self.cfg.entropy_coef,
-            kl_coef=self.cfg.kl_coef, kl_estimator=self.cfg.kl_estimator,
+            kl_coef=self.cfg.kl_coef, kl_estimator=self.cfg.kl_estimator, ref_model=self.ref_model,
             max_grad_norm=self.cfg.max_grad_norm, micro_batch_tokens=self.cfg.micro_batch_tokens,
             scheduler=self.scheduler, value_head=self.value_head, vf_coef=self.cfg.vf_coef,
             vf_clip=self.cfg.vf_clip,

@@ -124,7 +124,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sft_warm_start_steps": 4,
         "sft_tasks": 12,
         "sft_learning_rate": 1e-4,
-        "eval_tasks": 3,
+        "eval_tasks": 4,
         "eval_held_out": 2,
         "eval_out_of_space": True,
         "max_concurrent": 16,

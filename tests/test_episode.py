@@ -190,3 +190,24 @@ def test_rollout_command_json_and_transcript(capsys):
     assert "--- turn 0 (action) policy:" in text and "pass_rate:" in text
     assert main(["rollout", "--configs", "S9-T0-O0-C0-W0"]) == 2
     assert "out of range" in capsys.readouterr().err
+
+
+class RecordingOracle(OraclePolicy):
+    def __init__(self):
+        super().__init__()
+        self.batch_sizes = []
+
+    def generate(self, requests):
+        self.batch_sizes.append(len(requests))
+        return super().generate(requests)
+
+
+def test_engine_keeps_concurrent_episodes_in_one_batch():
+    tasks = sample_tasks("test", 6, seed=7)
+    jobs = [RolloutJob(t, Harness.named("S0-T0-O0-C0-W0", BYTE_LIMITS)) for t in tasks]
+    policy = RecordingOracle()
+    trajectories, stats = RolloutEngine(policy, max_concurrent=6, env_workers=2).run(jobs)
+    assert all(t.passed for t in trajectories)
+    # Every episode waits for the model at the same time on its first turn.
+    assert policy.batch_sizes[0] == 6
+    assert stats.generation_calls == len(policy.batch_sizes) and sum(policy.batch_sizes) == sum(len(t.turns) for t in trajectories)

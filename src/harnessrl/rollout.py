@@ -88,6 +88,7 @@ class RolloutEngine:
         sandbox_limits: SandboxLimits | None = None,
         progress: bool = False,
         on_trajectory: Callable[[int, Trajectory], None] | None = None,
+        batch_wait_s: float = 1.0,
     ) -> None:
         if max_concurrent < 1 or env_workers < 1:
             raise ValueError("max_concurrent and env_workers must be >= 1")
@@ -99,6 +100,7 @@ class RolloutEngine:
         self.sandbox_limits = sandbox_limits
         self.progress = progress
         self.on_trajectory = on_trajectory
+        self.batch_wait_s = batch_wait_s  # how long a ready batch waits for in-flight sandbox steps
 
     # -- environment work, run in the thread pool ----------------------------------------
     def _open(self, slot: _Slot) -> _Slot:
@@ -208,6 +210,13 @@ class RolloutEngine:
                 launch()
                 if not waiting:
                     continue
+                if in_flight and self.batch_wait_s > 0:
+                    # Environment steps take milliseconds, generation takes seconds: let
+                    # episodes still in the sandbox join this batch instead of the next, or
+                    # the episodes split into cohorts that never share a batch again.
+                    done, _ = wait(in_flight, timeout=self.batch_wait_s)
+                    collect(done)
+                    launch()
                 batch, waiting = waiting, []
                 generations = self._generate(batch, stats)
                 batch_sizes.append(len(batch))

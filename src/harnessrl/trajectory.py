@@ -163,11 +163,10 @@ class Trajectory:
         if self.turns and tokenizer is not None:
             first = self.turns[0]
             if show_spans:
-                labels, ids, pos = first.prompt_labels(), first.prompt_ids, 0
+                ids, pos = first.prompt_ids, 0
                 for span, count in first.prompt_spans:
                     lines.append(f"[{span}] {tokenizer.decode(ids[pos:pos + count])}")
                     pos += count
-                del labels
             else:
                 lines.append(tokenizer.decode(first.prompt_ids))
         for turn in self.turns:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from harnessrl.eval.metrics import bootstrap_ci
 from harnessrl.harness.harness import Harness, HarnessLimits, out_of_space_names
 from harnessrl.harness.registry import registered_space
 from harnessrl.pairing import PairingSchedule
+from harnessrl.policy.base import SamplingParams
 from harnessrl.rl.advantages import gae, grpo_advantages, no_signal_fraction
 from harnessrl.rl.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
 from harnessrl.rl.config import TrainConfig
@@ -221,8 +221,6 @@ class Trainer:
                         tags={"group": group, "slot": pair.slot},
                     )
                 )
-        from harnessrl.policy.base import SamplingParams
-
         engine = RolloutEngine(
             self.policy, max_concurrent=self.cfg.max_concurrent, env_workers=self.cfg.env_workers,
             sampling=SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
@@ -460,7 +458,3 @@ def format_summary(summary: dict[str, Any]) -> str:
 def train(cfg: TrainConfig, resume: bool = False, log: Logger = print) -> dict[str, Any]:
     """Runs (or resumes) a training run and returns its summary."""
     return Trainer(cfg, resume=resume, log=log).run()
-
-
-def remove_run(run_dir: str | Path) -> None:
-    shutil.rmtree(run_dir, ignore_errors=True)

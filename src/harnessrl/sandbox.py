@@ -110,18 +110,21 @@ import time
 import warnings
 import weakref
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "BACKENDS",
+    "MAX_MOUNTS",
     "SANDBOX_HOST_UID",
     "WORKSPACE_MOUNT",
     "ExecResult",
     "Sandbox",
     "SandboxError",
     "SandboxLimits",
+    "SandboxMount",
     "SandboxUnavailableError",
     "Workspace",
     "available_backends",
@@ -235,6 +238,57 @@ class ExecResult:
     def ok(self) -> bool:
         """True when the command exited with status 0 and was not killed at the timeout."""
         return self.exit_code == 0 and not self.timed_out
+
+
+# Where an extra mount may not go: the system directories the sandbox builds itself.
+_RESERVED_TARGETS = ("/usr", "/etc", "/proc", "/dev", "/tmp", *("/" + n for n in _SYSTEM_LINKS))
+MAX_MOUNTS = 6
+"""Most extra `SandboxMount` directories one sandbox takes (the unshare backend holds one
+descriptor per mount in fds 3..8 while it builds the filesystem)."""
+_ENV_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+@dataclass(frozen=True)
+class SandboxMount:
+    """An extra host directory shown inside the sandbox at ``target`` (bwrap and unshare only).
+
+    Read-only unless ``writable``; a writable one is given to the sandbox user like the
+    workspace. Like the workspace, ``source`` must be reachable by the sandbox user: when
+    harnessrl runs as root, its parents must be searchable by others (``/root`` is not).
+    At most `MAX_MOUNTS` per sandbox. ``target`` must be an absolute path outside the directories
+    the sandbox builds itself (``/usr``, ``/etc``, ``/proc``, ``/dev``, ``/tmp``, ``/bin``, ...)
+    and outside the workspace, e.g. ``/opt/agent``. A Unix socket in a read-only mount can
+    still be connected to: that is how a sandboxed program reaches a host server without any
+    network (see `harnessrl.harness.external`).
+    """
+
+    source: str
+    target: str
+    writable: bool = False
+
+    def __post_init__(self) -> None:
+        target = str(self.target)
+        if not target.startswith("/") or os.path.normpath(target) != target or target == "/":
+            raise ValueError(f"SandboxMount target {target!r} must be a normalized absolute path other than /")
+        for reserved in (*_RESERVED_TARGETS, WORKSPACE_MOUNT):
+            if _is_within(target, reserved) or _is_within(reserved, target):
+                raise ValueError(
+                    f"SandboxMount target {target!r} overlaps {reserved}, which the sandbox builds"
+                    " itself; mount somewhere else, e.g. under /opt or /run")
+        if not os.path.isdir(self.source):
+            raise ValueError(f"SandboxMount source {self.source!r} is not a directory")
+
+
+def _checked_env(env: dict[str, str] | None) -> dict[str, str]:
+    """Returns ``env`` after checking that names and values can go into an environment."""
+    out: dict[str, str] = {}
+    for name, value in (env or {}).items():
+        if not name or name[0].isdigit() or not set(name) <= _ENV_NAME_CHARS:
+            raise ValueError(f"sandbox environment variable name {name!r} is not a valid name")
+        if not isinstance(value, str) or "\0" in value:
+            raise ValueError(f"sandbox environment variable {name} must be a str without NUL bytes")
+        out[name] = value
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -387,6 +441,8 @@ class _CommandServer:
 
     @classmethod
     def main(cls) -> None:
+        # Nothing the launcher passed (an extra mount's host descriptor) reaches any command.
+        os.closerange(3, 1 << 16)
         control = socket.socket(fileno=0)
         config = json.loads(control.recv(1 << 20).decode("utf-8"))
         cls(config, control).serve()
@@ -759,6 +815,15 @@ def _shell_path() -> str:
     raise SandboxUnavailableError("bash is required to run sandboxed commands; install bash")
 
 
+def _give_tree(root: str, host_uid: int) -> None:
+    """Make ``host_uid`` own ``root`` and everything under it (symlinks themselves, not targets)."""
+    os.lchown(root, host_uid, host_uid)
+    for parent, dirs, files in os.walk(root):
+        for name in dirs + files:
+            with contextlib.suppress(OSError):
+                os.lchown(os.path.join(parent, name), host_uid, host_uid)
+
+
 def _others_can_search(path: str) -> str | None:
     """Return the first directory above ``path`` that others cannot traverse, or None."""
     current = os.path.dirname(os.path.realpath(path))
@@ -787,9 +852,11 @@ def _visible_to(path: str, host_uid: int | None) -> bool:
         return False
 
 
-def _mount_plan(workspace: str, host_uid: int | None) -> list[tuple[str, ...]]:
+def _mount_plan(workspace: str, host_uid: int | None,
+                mounts: tuple[SandboxMount, ...] = ()) -> list[tuple[str, ...]]:
     """The sandbox's filesystem, as ("ro"|"bind"|"symlink"|"mask_file"|"mask_dir"|"proc"|
-    "dev"|"tmp", ...) steps shared by the bwrap and unshare backends."""
+    "dev"|"tmp"|"extra_ro"|"extra_rw", ...) steps shared by the bwrap and unshare backends; the
+    ``extra_*`` steps are the caller's `SandboxMount` directories."""
     plan: list[tuple[str, ...]] = [("ro", "/usr", "/usr")]
     for name in _SYSTEM_LINKS:
         path = "/" + name
@@ -809,6 +876,8 @@ def _mount_plan(workspace: str, host_uid: int | None) -> list[tuple[str, ...]]:
     if prefix is not None and not _is_within(prefix, "/usr"):
         plan.append(("ro", prefix, prefix))
     plan += [("proc", "/proc"), ("dev", "/dev"), ("tmp", "/tmp"), ("bind", workspace, WORKSPACE_MOUNT)]
+    plan += [("extra_rw" if m.writable else "extra_ro", os.path.realpath(m.source), m.target)
+             for m in mounts]
     return plan
 
 
@@ -838,6 +907,8 @@ def _bwrap_argv(plan: list[tuple[str, ...]], tmp_bytes: int) -> list[str]:
             argv += ["--ro-bind", step[1], step[2]]
         elif kind == "bind":
             argv += ["--bind", step[1], step[2]]
+        elif kind in ("extra_ro", "extra_rw"):
+            argv += ["--ro-bind" if kind == "extra_ro" else "--bind", step[1], step[2]]
         elif kind == "symlink":
             argv += ["--symlink", step[1], step[2]]
         elif kind == "mask_file":
@@ -867,11 +938,16 @@ def _unshare_setup_script(plan: list[tuple[str, ...]], tmp_bytes: int) -> str:
     new_root = "/tmp"  # a fresh tmpfs over /tmp in our private mount namespace
     lines = ["set -e"]
     workspace_fd = ""
+    extra_fds = iter(range(3, 3 + MAX_MOUNTS))
+    extra_fd: dict[str, int] = {}
     for step in plan:
         if step[0] == "bind":
             # Opened before /tmp is covered: the workspace usually lives under it.
             lines.append(f"exec 9<{_q(step[1])}")
             workspace_fd = "/proc/self/fd/9"
+        elif step[0] in ("extra_ro", "extra_rw"):
+            extra_fd[step[2]] = next(extra_fds)
+            lines.append(f"exec {extra_fd[step[2]]}<{_q(step[1])}")
     lines.append(f"mount -t tmpfs -o mode=0755 harnessrl-root {new_root}")
     for step in plan:
         kind = step[0]
@@ -914,6 +990,16 @@ def _unshare_setup_script(plan: list[tuple[str, ...]], tmp_bytes: int) -> str:
                 f"mount --no-canonicalize --bind {workspace_fd} {_q(target)}",
                 "exec 9<&-",
             ]
+        elif kind in ("extra_ro", "extra_rw"):
+            fd = extra_fd[step[2]]
+            lines += [
+                f"mkdir -p {_q(target)}",
+                f"mount --no-canonicalize --bind /proc/self/fd/{fd} {_q(target)}",
+                f"exec {fd}<&-",
+            ]
+            if kind == "extra_ro":  # not best effort: fail rather than leave it writable
+                lines.append(f"mount -o remount,bind,ro {_q(target)} 2>/dev/null"
+                             f" || mount -o remount,bind,ro,nosuid,nodev {_q(target)}")
     lines += [
         f"mkdir {new_root}/.oldroot",
         f"cd {new_root}",
@@ -1291,9 +1377,12 @@ class _ServerSandbox(Sandbox):
     backend = ""
 
     def __init__(self, workspace: Workspace, limits: SandboxLimits, owns_workspace: bool,
-                 host_uid: int | None) -> None:
+                 host_uid: int | None, mounts: tuple[SandboxMount, ...] = (),
+                 env: dict[str, str] | None = None) -> None:
         super().__init__(workspace, limits, owns_workspace)
         self._host_uid = host_uid
+        self._mounts = tuple(mounts)
+        self._extra_env = _checked_env(env)
         self._file_owner = host_uid
         self._lock = threading.Lock()
         self._servers: list[_Server] = []  # at most one; shared with the finalizer
@@ -1302,6 +1391,15 @@ class _ServerSandbox(Sandbox):
         self._finalizer = weakref.finalize(self, _stop_servers, self._servers)
         if host_uid is not None:
             self._prepare_workspace_for(host_uid)
+            for mount in self._mounts:
+                blocked = _others_can_search(os.path.realpath(mount.source))
+                if blocked is not None:
+                    raise SandboxUnavailableError(
+                        f"the mount source {mount.source} is not reachable by the sandbox user"
+                        f" (host uid {host_uid}): {blocked} is not searchable by others; keep it"
+                        " under a world-searchable folder")
+                if mount.writable:
+                    _give_tree(mount.source, host_uid)
         self._start()
 
     @property
@@ -1339,17 +1437,13 @@ class _ServerSandbox(Sandbox):
                 f" {blocked} is not searchable by others; use a base_dir under"
                 f" {tempfile.gettempdir()} or make the parents world-searchable"
             )
-        os.lchown(root, host_uid, host_uid)
-        for parent, dirs, files in os.walk(root):
-            for name in dirs + files:
-                with contextlib.suppress(OSError):
-                    os.lchown(os.path.join(parent, name), host_uid, host_uid)
+        _give_tree(root, host_uid)
 
     def _server_config(self) -> dict[str, Any]:
         return {
             "root": self._inside_root(),
             "shell": _shell_path(),
-            "env": _sandbox_env(self._home(), self._user()),
+            "env": {**_sandbox_env(self._home(), self._user()), **self._extra_env},
             "limits": asdict(self.limits),
             "harden": self._harden(),
         }
@@ -1585,7 +1679,7 @@ class _BwrapSandbox(_ServerSandbox):
     backend = "bwrap"
 
     def _launch_argv(self) -> list[str]:
-        plan = _mount_plan(str(self.workspace.root), self._host_uid)
+        plan = _mount_plan(str(self.workspace.root), self._host_uid, self._mounts)
         return _bwrap_argv(plan, self.limits.memory_mb << 20)
 
 
@@ -1595,7 +1689,7 @@ class _UnshareSandbox(_ServerSandbox):
     backend = "unshare"
 
     def _launch_argv(self) -> list[str]:
-        plan = _mount_plan(str(self.workspace.root), self._host_uid)
+        plan = _mount_plan(str(self.workspace.root), self._host_uid, self._mounts)
         script = _unshare_setup_script(plan, self.limits.memory_mb << 20)
         return [
             "unshare", "--user", "--map-root-user", "--mount", "--propagation", "private",
@@ -1612,7 +1706,8 @@ class _UnsandboxedSandbox(_ServerSandbox):
 
     backend = "none"
 
-    def __init__(self, workspace: Workspace, limits: SandboxLimits, owns_workspace: bool) -> None:
+    def __init__(self, workspace: Workspace, limits: SandboxLimits, owns_workspace: bool,
+                 env: dict[str, str] | None = None) -> None:
         message = (
             "harnessrl sandbox backend 'none': commands run on the host WITHOUT ANY ISOLATION"
             " (full network, filesystem and process access as the current user). Use it only"
@@ -1620,7 +1715,7 @@ class _UnsandboxedSandbox(_ServerSandbox):
         )
         warnings.warn(message, RuntimeWarning, stacklevel=3)
         logger.warning(message)
-        super().__init__(workspace, limits, owns_workspace, host_uid=None)
+        super().__init__(workspace, limits, owns_workspace, host_uid=None, env=env)
 
     def _inside_root(self) -> str:
         return str(self.workspace.root)
@@ -1697,16 +1792,29 @@ def available_backends() -> list[str]:
 
 
 def open_sandbox(workspace: Workspace | None = None, backend: str = "auto",
-                 limits: SandboxLimits | None = None) -> Sandbox:
+                 limits: SandboxLimits | None = None, mounts: Sequence[SandboxMount] = (),
+                 env: dict[str, str] | None = None) -> Sandbox:
     """Start a sandbox on ``workspace`` and return it.
 
     ``backend`` is "auto" (bwrap if usable, else unshare), "bwrap", "unshare" or "none" (no
     isolation; warns). When ``workspace`` is None a fresh one is created and closed with the
-    sandbox. Raises `SandboxUnavailableError` when the backend cannot run here.
+    sandbox. ``mounts`` adds host directories (`SandboxMount`; not with "none", which has no
+    filesystem of its own) and ``env`` adds or overrides variables of the commands' otherwise
+    fixed environment. Raises `SandboxUnavailableError` when the backend cannot run here.
     """
     if backend not in ("auto", *BACKENDS):
         raise ValueError(f"unknown sandbox backend {backend!r}; choose one of auto, {', '.join(BACKENDS)}")
     limits = limits if limits is not None else SandboxLimits()
+    mounts = tuple(mounts)
+    env = _checked_env(env)
+    targets = [mount.target for mount in mounts]
+    for index, target in enumerate(targets):
+        if any(_is_within(target, other) or _is_within(other, target) for other in targets[:index]):
+            raise ValueError(f"SandboxMount targets overlap: {target!r} and another mount")
+    if len(mounts) > MAX_MOUNTS:
+        raise ValueError(f"a sandbox takes at most {MAX_MOUNTS} extra mounts, got {len(mounts)}")
+    if mounts and backend == "none":
+        raise ValueError("sandbox backend 'none' cannot show extra mounts; use bwrap or unshare")
     chosen, host_uid = backend, None
     if backend == "auto":
         reasons = []
@@ -1730,8 +1838,8 @@ def open_sandbox(workspace: Workspace | None = None, backend: str = "auto",
     workspace = workspace if workspace is not None else Workspace()
     try:
         if chosen == "none":
-            return _UnsandboxedSandbox(workspace, limits, owns)
-        return _BACKEND_CLASSES[chosen](workspace, limits, owns, host_uid)
+            return _UnsandboxedSandbox(workspace, limits, owns, env=env)
+        return _BACKEND_CLASSES[chosen](workspace, limits, owns, host_uid, mounts=mounts, env=env)
     except BaseException:
         if owns:
             workspace.close()

@@ -1,0 +1,7 @@
+"""External (out-of-space) agents: real programs run against `harnessrl serve` on our tasks.
+
+mini-swe-agent, Claude Code, Codex CLI, opencode and OpenClaw are installed into harnessrl's
+cache (`install`), configured and started inside the sandbox on a task's workspace with only
+loopback networking, pointed at `harnessrl serve` through a relay (`relay`), and scored by the
+task's verifier afterwards (`run`). ``ext:<name>`` names them as evaluation configurations.
+"""

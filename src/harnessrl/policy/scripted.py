@@ -10,8 +10,8 @@ from __future__ import annotations
 import random
 import threading
 import weakref
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from harnessrl.harness.chat import ByteTokenizer, ChatTokenizer
 from harnessrl.policy.base import Generation, GenerationRequest, Policy
@@ -147,3 +147,23 @@ class ReplayPolicy(Policy):
 
 
 SCRIPTED_POLICIES = {"oracle": OraclePolicy, "random": RandomPolicy}
+
+
+class CallbackPolicy(Policy):
+    """Writes, for each request, the text ``respond(request.context)`` returns (tokenized,
+    ended with the stop token, log-probabilities 0.0): a scripted policy for the server,
+    whose context is a ``serve.context.ServeContext``."""
+
+    name = "callback"
+
+    def __init__(self, respond: Callable[[Any], str], tokenizer: ChatTokenizer | None = None, name: str | None = None) -> None:
+        self.tokenizer = tokenizer or ByteTokenizer()
+        self.respond = respond
+        if name is not None:
+            self.name = name
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        return [
+            _generation(self.tokenizer, self.respond(request.context), request.params.max_new_tokens)
+            for request in requests
+        ]

@@ -1,0 +1,208 @@
+"""The FastAPI application: OpenAI Chat Completions and Responses and Anthropic Messages over
+one Policy, each at ``/v1/...`` and at ``/s/{session}/v1/...``.
+
+``session`` (the path segment, else the ``X-Harnessrl-Session`` header) names the client
+conversation for recording; unnamed requests are grouped by message prefix (see
+``serve/recorder.py``). Any API key is accepted unless ``api_key`` is set; then it must come
+as ``Authorization: Bearer <key>`` or ``x-api-key: <key>``. Every error, including malformed
+JSON, unknown routes and unexpected exceptions, has the error shape of the route's API:
+OpenAI ``{"error": {"message", "type", "param", "code"}}``, Anthropic ``{"type": "error",
+"error": {"type", "message"}}``. Unknown fields and headers are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from harnessrl.policy.base import Policy
+from harnessrl.serve import openai_chat
+from harnessrl.serve.engine import ContextOverflow, InvalidRequest, PolicyFailure, ServeEngine
+from harnessrl.serve.recorder import ConversationRecorder
+
+logger = logging.getLogger("harnessrl.serve")
+
+SESSION_HEADER = "x-harnessrl-session"
+OPENAI, ANTHROPIC = "openai", "anthropic"
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status, error type, message, and the OpenAI ``param``/``code``."""
+
+    def __init__(self, status: int, kind: str, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.message, self.param, self.code = status, kind, message, param, code
+
+
+def family_of(path: str) -> str:
+    """Returns which API's error shape a path answers in."""
+    return ANTHROPIC if "/v1/messages" in path else OPENAI
+
+
+def error_response(family: str, error: ApiError) -> JSONResponse:
+    """Returns ``error`` in the shape of ``family``."""
+    if family == ANTHROPIC:
+        body: dict[str, Any] = {"type": "error", "error": {"type": error.kind, "message": error.message}}
+    else:
+        body = {"error": {"message": error.message, "type": error.kind, "param": error.param, "code": error.code}}
+    return JSONResponse(body, status_code=error.status)
+
+
+_STATUS_KINDS = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+    429: "rate_limit_error",
+}
+
+
+def create_app(
+    policy: Policy,
+    *,
+    model_name: str | None = None,
+    api_key: str | None = None,
+    recorder: ConversationRecorder | None = None,
+    default_max_tokens: int = 1024,
+    max_output_tokens: int | None = None,
+    context_length: int | None = None,
+    max_batch_size: int = 64,
+) -> FastAPI:
+    """Returns the server application over ``policy``.
+
+    ``model_name`` is the id ``/v1/models`` lists and responses carry (default: the policy's
+    name); ``recorder`` keeps every exchange; ``default_max_tokens`` applies when a request
+    names no output limit, ``max_output_tokens`` caps every request, ``context_length``
+    overrides the policy's context window; at most ``max_batch_size`` requests share one
+    ``policy.generate`` call.
+    """
+    engine = ServeEngine(
+        policy, recorder=recorder, context_length=context_length, default_max_tokens=default_max_tokens,
+        max_output_tokens=max_output_tokens, max_batch_size=max_batch_size,
+    )
+    model = model_name or getattr(policy, "name", "policy")
+    created = int(time.time())
+    app = FastAPI(title="harnessrl serve", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine = engine
+    app.state.recorder = recorder
+    app.state.model_name = model
+    app.router.add_event_handler("shutdown", engine.close)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = _STATUS_KINDS.get(exc.status_code, "invalid_request_error")
+        message = str(exc.detail) if exc.status_code != 404 else f"no route {request.method} {request.url.path}"
+        return error_response(family_of(request.url.path), ApiError(exc.status_code, kind, message))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(family_of(request.url.path), ApiError(400, "invalid_request_error", str(exc)[:500]))
+
+    def check_key(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("x-api-key") or ""
+        authorization = request.headers.get("authorization") or ""
+        if authorization.lower().startswith("bearer "):
+            given = given or authorization[7:].strip()
+        if not secrets.compare_digest(given.encode(), api_key.encode()):
+            raise ApiError(401, "authentication_error", "invalid API key", code="invalid_api_key")
+
+    async def read_body(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise ApiError(400, "invalid_request_error", "the request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "invalid_request_error", "the request body must be a JSON object")
+        return body
+
+    def session_of(request: Request) -> str | None:
+        session = request.path_params.get("session") or request.headers.get(SESSION_HEADER)
+        return session or None
+
+    Handler = Callable[[Request], Awaitable[Response]]
+
+    def api_route(handler: Callable[[Request], Awaitable[Response]]) -> Handler:
+        """Wraps a handler so that every failure becomes an error of the route's API."""
+
+        async def wrapped(request: Request) -> Response:
+            family = family_of(request.url.path)
+            try:
+                check_key(request)
+                return await handler(request)
+            except ApiError as exc:
+                return error_response(family, exc)
+            except InvalidRequest as exc:
+                return error_response(family, ApiError(400, "invalid_request_error", exc.message, exc.param))
+            except ContextOverflow as exc:
+                return error_response(family, overflow_error(family, request.url.path, exc))
+            except PolicyFailure as exc:
+                return error_response(family, ApiError(500, "api_error" if family == ANTHROPIC else "server_error", str(exc)))
+            except Exception as exc:  # never a bare 500 page
+                logger.exception("unexpected error on %s", request.url.path)
+                kind = "api_error" if family == ANTHROPIC else "server_error"
+                return error_response(family, ApiError(500, kind, f"internal error: {type(exc).__name__}"))
+
+        wrapped.__name__ = handler.__name__
+        return wrapped
+
+    def sse(events: Iterator[str]) -> StreamingResponse:
+        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    # ------------------------------------------------------------ OpenAI
+    def model_card() -> dict[str, Any]:
+        # OpenAI's fields plus Anthropic's (type, display_name, created_at): one card for both.
+        return {
+            "id": model, "object": "model", "created": created, "owned_by": "harnessrl",
+            "type": "model", "display_name": model,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
+        }
+
+    async def list_models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [model_card()], "has_more": False, "first_id": model, "last_id": model})
+
+    async def get_model(request: Request) -> Response:
+        return JSONResponse(model_card())
+
+    async def chat_completions(request: Request) -> Response:
+        parsed = openai_chat.parse_chat_request(await read_body(request))
+        result = await engine.complete(parsed, session_of(request))
+        if parsed.stream:
+            return sse(openai_chat.chat_stream(result, parsed, model))
+        return JSONResponse(openai_chat.chat_response(result, parsed, model, engine.renderer.decode))
+
+    routes: list[tuple[str, Handler, str]] = [
+        ("/v1/models", list_models, "GET"),
+        ("/v1/models/{model_id:path}", get_model, "GET"),
+        ("/v1/chat/completions", chat_completions, "POST"),
+    ]
+    for path, handler, method in routes:
+        for prefix in ("", "/s/{session}"):
+            app.add_api_route(prefix + path, api_route(handler), methods=[method], include_in_schema=False)
+
+    @app.get("/health", include_in_schema=False)
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": model, "batches": engine.batcher.batches, "requests": engine.batcher.requests}
+
+    return app
+
+
+def overflow_error(family: str, path: str, exc: ContextOverflow) -> ApiError:
+    """Returns each API's error for a prompt over the context window."""
+    if family == ANTHROPIC:
+        return ApiError(400, "invalid_request_error", f"prompt is too long: {exc.prompt_tokens} tokens > {exc.limit} maximum")
+    param = "input" if path.endswith("/responses") else "messages"
+    message = (
+        f"This model's maximum context length is {exc.limit} tokens. However, your messages resulted in "
+        f"{exc.prompt_tokens} tokens. Please reduce the length of the messages."
+    )
+    return ApiError(400, "invalid_request_error", message, param, "context_length_exceeded")

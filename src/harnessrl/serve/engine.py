@@ -1,0 +1,272 @@
+"""The API-independent core of the server: request -> prompt ids -> policy batch -> completion.
+
+``PolicyBatcher`` owns the policy: one worker thread calls ``policy.generate`` (policies are
+not thread-safe), gathering every request that arrived while the previous batch ran into the
+next batch, so parallel agents share forward passes. ``ServeEngine.complete`` renders a
+parsed request, checks it against the context window, clamps its output length, waits for
+the batch without blocking the event loop, applies stop strings, parses tool calls, and
+records the exchange.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
+from harnessrl.serve.context import ServeContext, parse_completion
+from harnessrl.serve.prompt import PromptRenderer
+from harnessrl.serve.recorder import ConversationRecorder
+
+
+class InvalidRequest(Exception):
+    """The request body is malformed; ``param`` names the field (an HTTP 400)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.param = message, param
+
+
+class ContextOverflow(Exception):
+    """The rendered prompt does not fit the context window (each API has its own error)."""
+
+    def __init__(self, prompt_tokens: int, limit: int) -> None:
+        super().__init__(f"prompt of {prompt_tokens} tokens does not fit the context of {limit} tokens")
+        self.prompt_tokens, self.limit = prompt_tokens, limit
+
+
+class PolicyFailure(Exception):
+    """The policy returned an error generation (an HTTP 500)."""
+
+
+@dataclass
+class ParsedRequest:
+    """One API request in API-independent form (messages and tools normalized, see
+    ``context``). ``max_tokens`` None means the server default; ``stop`` holds stop strings."""
+
+    api: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    n: int = 1
+    stream: bool = False
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Completion:
+    """One sampled answer: the ids and log-probs (cut after a stop string), the text they
+    decode to, and the text and tool calls parsed from it. ``finish_reason`` is ``stop``
+    (end of message), ``stop_sequence`` (a stop string; ``stop_sequence`` says which),
+    ``length`` (output limit) or ``tool_calls``."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    text: str
+    content: str
+    tool_calls: list[dict[str, Any]]
+    stop_sequence: str | None = None
+
+
+@dataclass
+class CompletionSet:
+    """The answers to one request, with the prompt's token count and conversation."""
+
+    session: str | None
+    prompt_tokens: int
+    choices: list[Completion]
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(choice.token_ids) for choice in self.choices)
+
+
+def new_id(prefix: str) -> str:
+    """Returns a fresh id like ``call_3f2a...`` (24 hex digits)."""
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+class PolicyBatcher:
+    """Runs ``policy.generate`` on one worker thread; concurrent requests share a batch."""
+
+    def __init__(self, policy: Policy, max_batch_size: int = 64) -> None:
+        self.policy = policy
+        self.max_batch_size = max_batch_size
+        self._queue: queue.Queue[tuple[GenerationRequest, concurrent.futures.Future[Generation]] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._work, name="harnessrl-serve-policy", daemon=True)
+        self._thread.start()
+        self.batches = 0  # how many generate calls ran
+        self.requests = 0  # how many requests they held
+
+    def submit(self, request: GenerationRequest) -> concurrent.futures.Future[Generation]:
+        """Queues one request; returns the future of its generation."""
+        future: concurrent.futures.Future[Generation] = concurrent.futures.Future()
+        self._queue.put((request, future))
+        return future
+
+    def close(self) -> None:
+        """Stops the worker after the queued requests."""
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            stop = False
+            while len(batch) < self.max_batch_size:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                batch.append(more)
+            self._run(batch)
+            if stop:
+                return
+
+    def _run(self, batch: list[tuple[GenerationRequest, concurrent.futures.Future[Generation]]]) -> None:
+        self.batches += 1
+        self.requests += len(batch)
+        try:
+            generations = self.policy.generate([request for request, _ in batch])
+            if len(generations) != len(batch):
+                raise RuntimeError(f"the policy returned {len(generations)} generations for {len(batch)} requests")
+        except Exception as exc:  # a failing batch fails its requests, not the server
+            for _, future in batch:
+                future.set_exception(PolicyFailure(f"generation failed: {type(exc).__name__}: {exc}"))
+            return
+        for (_, future), generation in zip(batch, generations, strict=True):
+            future.set_result(generation)
+
+
+class ServeEngine:
+    """Turns parsed requests into completions with one policy (see the module docstring).
+
+    ``context_length`` defaults to the policy's (``policy.context_length``; None: no limit);
+    ``max_output_tokens`` caps every request; ``default_max_tokens`` is used when a request
+    names no limit.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        recorder: ConversationRecorder | None = None,
+        context_length: int | None = None,
+        default_max_tokens: int = 1024,
+        max_output_tokens: int | None = None,
+        max_batch_size: int = 64,
+    ) -> None:
+        self.policy = policy
+        self.tokenizer = policy.tokenizer
+        self.renderer = PromptRenderer(policy.tokenizer)
+        self.recorder = recorder
+        self.context_length = context_length or getattr(policy, "context_length", None)
+        self.default_max_tokens = default_max_tokens
+        self.max_output_tokens = max_output_tokens
+        self.batcher = PolicyBatcher(policy, max_batch_size=max_batch_size)
+
+    def close(self) -> None:
+        self.batcher.close()
+
+    def count_tokens(self, request: ParsedRequest) -> int:
+        """Returns the number of prompt tokens ``request`` renders to."""
+        return len(self.renderer.render(request.messages, request.tools))
+
+    def output_budget(self, requested: int | None, prompt_tokens: int) -> int:
+        """Returns how many tokens may be sampled: the request's limit (or the default),
+        clamped to the server's cap and to the room left in the context window."""
+        budget = requested if requested is not None else self.default_max_tokens
+        if self.max_output_tokens is not None:
+            budget = min(budget, self.max_output_tokens)
+        if self.context_length is not None:
+            if prompt_tokens >= self.context_length:
+                raise ContextOverflow(prompt_tokens, self.context_length)
+            budget = min(budget, self.context_length - prompt_tokens)
+        return budget
+
+    async def complete(self, request: ParsedRequest, session: str | None) -> CompletionSet:
+        """Returns the request's completions (raises ``ContextOverflow`` or ``PolicyFailure``)."""
+        prompt = await asyncio.to_thread(self.renderer.render, request.messages, request.tools)
+        budget = self.output_budget(request.max_tokens, len(prompt))
+        if self.recorder is not None:
+            session = self.recorder.assign(request.messages, session)
+        context = ServeContext(request.api, session, request.messages, request.tools, request.raw)
+        stop_ids = tuple(self.tokenizer.stop_token_ids)
+        futures = []
+        for choice in range(request.n):
+            seed = None if request.seed is None else request.seed + choice
+            params = SamplingParams(request.temperature, request.top_p, budget, stop_ids, seed)
+            futures.append(asyncio.wrap_future(self.batcher.submit(GenerationRequest(list(prompt.ids), params, context))))
+        generations = await asyncio.gather(*futures)
+        choices = []
+        for generation in generations:
+            if generation.finish_reason == "error":
+                raise PolicyFailure(generation.error or "the policy returned an error")
+            choices.append(await asyncio.to_thread(self._finish, generation, request))
+        result = CompletionSet(session, len(prompt), choices)
+        first = choices[0]
+        reply = {"role": "assistant", "content": first.content, "tool_calls": first.tool_calls}
+        self.renderer.remember(reply, first.token_ids)
+        if self.recorder is not None and session is not None:
+            self.recorder.record(
+                session, api=request.api, messages=request.messages, prompt=prompt,
+                token_ids=first.token_ids, logprobs=first.logprobs, finish_reason=first.finish_reason,
+                text=first.text, reply=reply, policy=getattr(self.policy, "name", "policy"),
+            )
+        return result
+
+    def _finish(self, generation: Generation, request: ParsedRequest) -> Completion:
+        """Returns the completion of one generation: stop strings applied, tool calls parsed."""
+        ids, logprobs = list(generation.token_ids), list(generation.logprobs)
+        ended = bool(ids) and ids[-1] in self.tokenizer.stop_token_ids
+        text = self.renderer.decode(ids[:-1] if ended else ids)
+        finish = "stop" if generation.finish_reason == "stop" else "length"
+        matched: str | None = None
+        if request.stop:
+            cut = _first_stop(text, request.stop)
+            if cut is not None:
+                position, matched = cut
+                text = text[:position]
+                keep = self._ids_covering(ids, position + len(matched))
+                ids, logprobs, finish = ids[:keep], logprobs[:keep], "stop_sequence"
+        content, calls = parse_completion(text) if request.tools else (text, [])
+        for call in calls:
+            call["id"] = new_id("call_")
+        if calls and finish != "length":
+            finish = "tool_calls"
+        return Completion(ids, logprobs, finish, text, content, calls, matched)
+
+    def _ids_covering(self, ids: Sequence[int], chars: int) -> int:
+        """Returns the fewest leading ids whose text is at least ``chars`` characters long
+        (the sampled ids up to and including the one that completed a stop string)."""
+        for count in range(1, len(ids) + 1):
+            if len(self.renderer.decode(ids[:count])) >= chars:
+                return count
+        return len(ids)
+
+
+def _first_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
+    """Returns where the earliest stop string starts in ``text`` and which one it is."""
+    best: tuple[int, str] | None = None
+    for stop in stops:
+        position = text.find(stop) if stop else -1
+        if position != -1 and (best is None or position < best[0]):
+            best = (position, stop)
+    return best

@@ -1,0 +1,129 @@
+"""Reading request bodies field by field: every malformed field is an ``InvalidRequest``
+that names it (the APIs turn it into a 400 in their own error shape); unknown fields are
+ignored."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from harnessrl.serve.engine import InvalidRequest
+
+
+def optional_int(body: dict[str, Any], name: str, minimum: int | None = None, maximum: int | None = None) -> int | None:
+    """Returns the integer field ``name`` (None when absent or null)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or (isinstance(value, float) and not value.is_integer()):
+        raise InvalidRequest(f"'{name}' must be an integer, got {json.dumps(value)[:80]}", name)
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise InvalidRequest(f"'{name}' must be at least {minimum}, got {value}", name)
+    if maximum is not None and value > maximum:
+        raise InvalidRequest(f"'{name}' must be at most {maximum}, got {value}", name)
+    return value
+
+
+def optional_number(body: dict[str, Any], name: str, low: float, high: float, default: float) -> float:
+    """Returns the number field ``name`` within [low, high] (``default`` when absent or null)."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidRequest(f"'{name}' must be a number, got {json.dumps(value)[:80]}", name)
+    if not low <= value <= high:
+        raise InvalidRequest(f"'{name}' must be between {low} and {high}, got {value}", name)
+    return float(value)
+
+
+def optional_bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"'{name}' must be a boolean, got {json.dumps(value)[:80]}", name)
+    return value
+
+
+def string_list(value: Any, name: str, limit: int = 16) -> list[str]:
+    """Returns a string or a list of strings as a list (None: empty)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value) and len(value) <= limit:
+        return list(value)
+    raise InvalidRequest(f"'{name}' must be a string or a list of at most {limit} strings", name)
+
+
+def require_str(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequest(f"'{name}' must be a string, got {type(value).__name__}", name)
+    return value
+
+
+def require_dict(value: Any, name: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"'{name}' must be an object, got {type(value).__name__}", name)
+    return value
+
+
+def require_list(value: Any, name: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise InvalidRequest(f"'{name}' must be an array, got {type(value).__name__}", name)
+    return value
+
+
+def arguments_object(value: Any, name: str) -> dict[str, Any]:
+    """Returns tool-call arguments given as a JSON string (OpenAI) or an object."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError):
+            raise InvalidRequest(f"'{name}' is not a JSON object string", name) from None
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"'{name}' must be a JSON object", name)
+    return value
+
+
+def text_of_parts(value: Any, name: str, text_types: tuple[str, ...]) -> str:
+    """Returns the text of content given as a string or a list of parts (``{"type": t,
+    "text": ...}`` for t in ``text_types``; other parts, e.g. images, become a placeholder)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise InvalidRequest(f"'{name}' must be a string or an array of content parts", name)
+    texts = []
+    for index, part in enumerate(value):
+        where = f"{name}[{index}]"
+        if isinstance(part, str):
+            texts.append(part)
+            continue
+        part = require_dict(part, where)
+        kind = part.get("type")
+        if kind in text_types or (kind is None and "text" in part):
+            texts.append(require_str(part.get("text"), f"{where}.text"))
+        elif isinstance(kind, str):
+            texts.append(f"[{kind}]")
+        else:
+            raise InvalidRequest(f"'{where}.type' must be a string", f"{where}.type")
+    return "\n".join(texts)
+
+
+def function_tool(name: Any, description: Any, parameters: Any, where: str) -> dict[str, Any]:
+    """Returns a normalized tool ``{"name", "description", "parameters"}``."""
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest(f"'{where}.name' must be a non-empty string", f"{where}.name")
+    if description is not None and not isinstance(description, str):
+        raise InvalidRequest(f"'{where}.description' must be a string", f"{where}.description")
+    if parameters is None:
+        parameters = {"type": "object", "properties": {}}
+    if not isinstance(parameters, dict):
+        raise InvalidRequest(f"'{where}' parameters must be a JSON schema object", where)
+    return {"name": name, "description": description or "", "parameters": parameters}

@@ -1,0 +1,225 @@
+"""OpenAI Chat Completions (``POST /v1/chat/completions``): request parsing, the response
+object and its stream of ``chat.completion.chunk`` events.
+
+Supported: ``messages`` (system, developer, user, assistant with ``tool_calls``, tool, and
+the legacy function role), ``tools`` / legacy ``functions`` (``tool_choice: "none"`` leaves
+them out of the prompt), ``max_completion_tokens`` or ``max_tokens``, ``temperature``,
+``top_p``, ``n``, ``stop``, ``seed``, ``logprobs`` (the sampled token's log-probability;
+``top_logprobs`` lists are empty), ``stream`` with ``stream_options.include_usage``. The
+stream is produced after generation ends (the Policy protocol returns whole generations):
+content in pieces, then each tool call as a header delta and an arguments delta.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from harnessrl.serve.context import API_CHAT
+from harnessrl.serve.engine import CompletionSet, InvalidRequest, ParsedRequest, new_id
+from harnessrl.serve.fields import (
+    arguments_object,
+    function_tool,
+    optional_bool,
+    optional_int,
+    optional_number,
+    require_dict,
+    require_list,
+    require_str,
+    string_list,
+    text_of_parts,
+)
+
+TEXT_PARTS = ("text", "input_text", "output_text")
+FINISH_REASONS = {"stop": "stop", "stop_sequence": "stop", "length": "length", "tool_calls": "tool_calls"}
+STREAM_PIECE_CHARS = 32
+
+
+def _assistant_calls(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    calls = []
+    for index, call in enumerate(require_list(message.get("tool_calls") or [], f"{where}.tool_calls")):
+        at = f"{where}.tool_calls[{index}]"
+        call = require_dict(call, at)
+        function = require_dict(call.get("function"), f"{at}.function")
+        name = require_str(function.get("name"), f"{at}.function.name")
+        arguments = arguments_object(function.get("arguments"), f"{at}.function.arguments")
+        calls.append({"id": str(call.get("id") or ""), "name": name, "arguments": arguments})
+    legacy = message.get("function_call")
+    if isinstance(legacy, dict) and isinstance(legacy.get("name"), str):
+        arguments = arguments_object(legacy.get("arguments"), f"{where}.function_call.arguments")
+        calls.append({"id": "", "name": legacy["name"], "arguments": arguments})
+    return calls
+
+
+def normalize_messages(value: Any) -> list[dict[str, Any]]:
+    """Returns Chat Completions ``messages`` as normalized messages (see ``serve/context.py``)."""
+    messages = require_list(value, "messages")
+    if not messages:
+        raise InvalidRequest("'messages' must hold at least one message", "messages")
+    names: dict[str, str] = {}  # tool_call_id -> tool name
+    out: list[dict[str, Any]] = []
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        message = require_dict(message, where)
+        role = message.get("role")
+        content = text_of_parts(message.get("content"), f"{where}.content", TEXT_PARTS)
+        if role in ("system", "developer"):
+            out.append({"role": "system", "content": content})
+        elif role == "user":
+            out.append({"role": "user", "content": content})
+        elif role == "assistant":
+            calls = _assistant_calls(message, where)
+            names.update({call["id"]: call["name"] for call in calls})
+            out.append({"role": "assistant", "content": content, "tool_calls": calls})
+        elif role in ("tool", "function"):
+            call_id = message.get("tool_call_id") or ""
+            if not isinstance(call_id, str):
+                raise InvalidRequest(f"'{where}.tool_call_id' must be a string", f"{where}.tool_call_id")
+            name = message.get("name") if isinstance(message.get("name"), str) else names.get(call_id, "")
+            out.append({"role": "tool", "tool_call_id": call_id, "name": name, "content": content, "is_error": False})
+        else:
+            raise InvalidRequest(
+                f"'{where}.role' must be one of system, developer, user, assistant, tool; got {json.dumps(role)[:40]}",
+                f"{where}.role",
+            )
+    return out
+
+
+def normalize_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Returns the request's function tools (``tools`` and legacy ``functions``), normalized."""
+    tools = []
+    for index, tool in enumerate(require_list(body.get("tools") or [], "tools")):
+        where = f"tools[{index}]"
+        tool = require_dict(tool, where)
+        if tool.get("type", "function") != "function":
+            continue  # built-in tool types (web search, ...) have no function to render
+        function = require_dict(tool.get("function"), f"{where}.function")
+        tools.append(function_tool(function.get("name"), function.get("description"), function.get("parameters"), f"{where}.function"))
+    for index, function in enumerate(require_list(body.get("functions") or [], "functions")):
+        where = f"functions[{index}]"
+        function = require_dict(function, where)
+        tools.append(function_tool(function.get("name"), function.get("description"), function.get("parameters"), where))
+    if body.get("tool_choice") == "none" or body.get("function_call") == "none":
+        return []
+    return tools
+
+
+def parse_chat_request(body: dict[str, Any]) -> ParsedRequest:
+    """Returns the parsed request (raises ``InvalidRequest`` naming the bad field)."""
+    messages = normalize_messages(body.get("messages"))
+    max_tokens = optional_int(body, "max_completion_tokens", minimum=1)
+    if max_tokens is None:
+        max_tokens = optional_int(body, "max_tokens", minimum=1)
+    temperature = optional_number(body, "temperature", 0.0, 2.0, 1.0)
+    top_p = optional_number(body, "top_p", 0.0, 1.0, 1.0)
+    if top_p == 0.0:  # only the most likely token is left: greedy
+        temperature, top_p = 0.0, 1.0
+    optional_bool(body, "logprobs")
+    optional_int(body, "top_logprobs", minimum=0, maximum=20)
+    options = body.get("stream_options")
+    if options is not None:
+        require_dict(options, "stream_options")
+    return ParsedRequest(
+        api=API_CHAT,
+        messages=messages,
+        tools=normalize_tools(body),
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=optional_int(body, "seed"),
+        stop=string_list(body.get("stop"), "stop", limit=4),
+        n=optional_int(body, "n", minimum=1, maximum=16) or 1,
+        stream=optional_bool(body, "stream"),
+        raw=body,
+    )
+
+
+def _openai_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
+        for c in calls
+    ]
+
+
+def _usage(result: CompletionSet) -> dict[str, int]:
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
+    }
+
+
+def _logprobs(decode: Any, ids: list[int], logprobs: list[float]) -> dict[str, Any]:
+    content = []
+    for token_id, logprob in zip(ids, logprobs, strict=True):
+        token = decode([token_id])
+        content.append({"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8")), "top_logprobs": []})
+    return {"content": content, "refusal": None}
+
+
+def chat_response(result: CompletionSet, request: ParsedRequest, model: str, decode: Any) -> dict[str, Any]:
+    """Returns the ``chat.completion`` object."""
+    choices = []
+    for index, choice in enumerate(result.choices):
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": choice.content if (choice.content or not choice.tool_calls) else None,
+            "refusal": None,
+        }
+        if choice.tool_calls:
+            message["tool_calls"] = _openai_calls(choice.tool_calls)
+        choices.append({
+            "index": index,
+            "message": message,
+            "finish_reason": FINISH_REASONS[choice.finish_reason],
+            "logprobs": _logprobs(decode, choice.token_ids, choice.logprobs) if request.raw.get("logprobs") is True else None,
+        })
+    return {
+        "id": new_id("chatcmpl-"),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": None,
+        "choices": choices,
+        "usage": _usage(result),
+    }
+
+
+def text_pieces(text: str, size: int = STREAM_PIECE_CHARS) -> Iterator[str]:
+    """Yields ``text`` in pieces of ``size`` characters (nothing for empty text)."""
+    for start in range(0, len(text), size):
+        yield text[start : start + size]
+
+
+def sse_data(payload: Any) -> str:
+    """Returns one server-sent event carrying ``payload`` as JSON."""
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def chat_stream(result: CompletionSet, request: ParsedRequest, model: str) -> Iterator[str]:
+    """Yields the server-sent events of a streamed chat completion, ending with ``[DONE]``."""
+    options = request.raw.get("stream_options") or {}
+    include_usage = options.get("include_usage") is True
+    base = {"id": new_id("chatcmpl-"), "object": "chat.completion.chunk", "created": int(time.time()), "model": model, "system_fingerprint": None}
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> str:
+        payload = {**base, "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        if include_usage:
+            payload["usage"] = None
+        return sse_data(payload)
+
+    for index, choice in enumerate(result.choices):
+        yield chunk(index, {"role": "assistant", "content": "", "refusal": None})
+        for piece in text_pieces(choice.content):
+            yield chunk(index, {"content": piece})
+        for position, call in enumerate(_openai_calls(choice.tool_calls)):
+            header = {"index": position, "id": call["id"], "type": "function", "function": {"name": call["function"]["name"], "arguments": ""}}
+            yield chunk(index, {"tool_calls": [header]})
+            for piece in text_pieces(call["function"]["arguments"]):
+                yield chunk(index, {"tool_calls": [{"index": position, "function": {"arguments": piece}}]})
+        yield chunk(index, {}, FINISH_REASONS[choice.finish_reason])
+    if include_usage:
+        yield sse_data({**base, "choices": [], "usage": _usage(result)})
+    yield "data: [DONE]\n\n"

@@ -1,0 +1,80 @@
+"""The `serve` sub-command: a policy behind OpenAI- and Anthropic-compatible endpoints."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from harnessrl.policy import POLICY_SPECS, Policy, make_policy
+
+
+def register(subparsers: Any) -> None:
+    """Adds the `serve` sub-command."""
+    p = subparsers.add_parser(
+        "serve",
+        help="serve a policy over OpenAI Chat Completions / Responses and Anthropic Messages",
+        description=(
+            "Serves a policy at /v1/chat/completions, /v1/responses and /v1/messages (also under "
+            "/s/<session>/v1/...), recording every request's token ids per conversation."
+        ),
+    )
+    p.add_argument("--policy", default="embedded", help=f"policy: {POLICY_SPECS}")
+    p.add_argument("--checkpoint", default=None, help="serve a trained checkpoint: a run folder, a step-* folder or a model folder")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
+    p.add_argument("--uds", default=None, help="listen on this Unix-domain socket file instead of TCP")
+    p.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key); default: accept any")
+    p.add_argument("--record-dir", default=None, help="append every exchange to <dir>/<session>.jsonl")
+    p.add_argument("--model-name", default=None, help="model id to report (default: the policy's name)")
+    p.add_argument("--max-tokens", type=int, default=1024, help="output tokens when a request names no limit")
+    p.add_argument("--max-batch-size", type=int, default=64, help="requests per policy batch")
+    p.add_argument("--seed", type=int, default=0, help="seed for scripted policies")
+    p.set_defaults(func=run_serve)
+
+
+def checkpoint_model_folder(path: str) -> Path:
+    """Returns the transformers folder of a checkpoint given as a run folder (its latest
+    step), a ``step-*`` folder, or a model folder."""
+    from harnessrl.rl.checkpoint import latest_checkpoint
+
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"--checkpoint {path!r} is not a folder")
+    step = latest_checkpoint(folder)
+    for candidate in ([step / "model"] if step else []) + [folder / "model", folder]:
+        if (candidate / "config.json").is_file():
+            return candidate
+    raise FileNotFoundError(f"--checkpoint {path!r} holds no model (no config.json in it, its model/ or checkpoints/)")
+
+
+def load_policy(args: argparse.Namespace) -> Policy:
+    if args.checkpoint:
+        from harnessrl.policy.hf import HFPolicy
+
+        return HFPolicy(checkpoint_model_folder(args.checkpoint))
+    return make_policy(args.policy, seed=args.seed)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from harnessrl.serve.app import create_app
+    from harnessrl.serve.recorder import ConversationRecorder
+    from harnessrl.serve.runner import ServerThread
+
+    policy = load_policy(args)
+    recorder = ConversationRecorder(args.record_dir)
+    app = create_app(
+        policy, model_name=args.model_name, api_key=args.api_key, recorder=recorder,
+        default_max_tokens=args.max_tokens, max_batch_size=args.max_batch_size,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with ServerThread(app, host=args.host, port=args.port, uds=args.uds, log_level="info") as server:
+        where = f"unix socket {args.uds}" if args.uds else f"{server.base_url}/v1"
+        print(f"harnessrl serve: {app.state.model_name} at {where}", flush=True)
+        stop.wait()
+    policy.close()
+    return 0

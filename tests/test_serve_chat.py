@@ -1,0 +1,256 @@
+"""The Chat Completions endpoint through the official openai client, the runner, recording."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from harnessrl.harness.base import SPAN_POLICY
+from harnessrl.harness.chat import ByteTokenizer
+from harnessrl.serve.app import create_app
+from harnessrl.serve.prompt import PromptRenderer
+from harnessrl.serve.recorder import ConversationRecorder
+from harnessrl.serve.runner import ServerThread
+from serve_helpers import WEATHER_TOOL, Scripted, running
+
+TOOLS = [{"type": "function", "function": WEATHER_TOOL}]
+
+
+def client(server, path: str = "/v1", **kwargs) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url + path, api_key=kwargs.pop("api_key", "anything"), max_retries=0, **kwargs)
+
+
+def test_chat_completion_returns_policy_text_and_real_usage():
+    with running() as (server, policy, _):
+        reply = client(server).chat.completions.create(
+            model="test-model", messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi there"}]
+        )
+    assert reply.choices[0].message.content == "echo: hi there"
+    assert reply.choices[0].finish_reason == "stop"
+    expected_prompt = PromptRenderer(ByteTokenizer()).render(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi there"}], []
+    )
+    assert reply.usage.prompt_tokens == len(expected_prompt)
+    assert reply.usage.completion_tokens == len("echo: hi there") + 1  # and the stop token
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+    assert policy.contexts[0].api == "chat"
+    assert policy.contexts[0].messages[0] == {"role": "system", "content": "Be brief."}
+
+
+def test_tool_call_is_parsed_and_its_result_rendered_back():
+    with running() as (server, policy, _):
+        api = client(server)
+        messages = [{"role": "user", "content": "Weather in Paris?"}]
+        first = api.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+        choice = first.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        assert choice.message.content == "Let me check."
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments) == {"city": "Paris"}
+        assert call.id.startswith("call_")
+        messages += [
+            choice.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+        ]
+        second = api.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+    assert second.choices[0].message.content == "The weather is sunny."
+    assert second.choices[0].message.tool_calls is None
+    context = policy.contexts[1]
+    assert context.tools == [WEATHER_TOOL]
+    assert context.messages[-1] == {"role": "tool", "tool_call_id": call.id, "name": "get_weather", "content": "sunny", "is_error": False}
+    prompt = ByteTokenizer().decode(policy_prompt(server, policy))
+    assert '"name": "get_weather"' in prompt.split("<|im_start|>user")[0]  # tools in the system prompt
+    assert "<tool_response>\nsunny\n</tool_response>" in prompt
+
+
+def policy_prompt(server, policy) -> list[int]:
+    return server.app.state.recorder.records(policy.contexts[-1].session)[-1]["prompt_ids"]
+
+
+def test_streaming_chat_completion_with_tool_call_deltas_and_usage():
+    with running() as (server, _, _):
+        stream = client(server).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=TOOLS,
+            stream=True, stream_options={"include_usage": True},
+        )
+        content, calls, finish, usage = "", {}, None, None
+        for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                content += choice.delta.content or ""
+                for delta in choice.delta.tool_calls or ():
+                    entry = calls.setdefault(delta.index, {"id": None, "name": "", "arguments": ""})
+                    entry["id"] = delta.id or entry["id"]
+                    entry["name"] += (delta.function.name or "") if delta.function else ""
+                    entry["arguments"] += (delta.function.arguments or "") if delta.function else ""
+                finish = choice.finish_reason or finish
+    assert content == "Let me check."
+    assert finish == "tool_calls"
+    assert calls[0]["name"] == "get_weather" and json.loads(calls[0]["arguments"]) == {"city": "Oslo"}
+    assert calls[0]["id"].startswith("call_")
+    assert usage is not None and usage.completion_tokens > 10 and usage.prompt_tokens > 100
+
+
+def test_stop_strings_cut_text_and_recorded_ids():
+    with running(Scripted(lambda context: "alpha beta END gamma")) as (server, _, recorder):
+        reply = client(server).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], stop=["END", "beta"]
+        )
+    assert reply.choices[0].message.content == "alpha "
+    assert reply.choices[0].finish_reason == "stop"
+    (record,) = recorder.records(recorder.sessions()[0])
+    assert ByteTokenizer().decode(record["completion_ids"]) == "alpha beta"
+    assert reply.usage.completion_tokens == len("alpha beta")
+
+
+def test_max_tokens_and_context_window_limit_the_output():
+    long_text = "word " * 100
+    with running(Scripted(lambda context: long_text), context_length=400) as (server, _, _):
+        api = client(server)
+        short = api.chat.completions.create(model="m", messages=[{"role": "user", "content": "a"}], max_completion_tokens=7)
+        assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 7
+        legacy = api.chat.completions.create(model="m", messages=[{"role": "user", "content": "a"}], max_tokens=3)
+        assert legacy.usage.completion_tokens == 3
+        # Asking for more than the window holds is clamped to the room left.
+        clamped = api.chat.completions.create(model="m", messages=[{"role": "user", "content": "b" * 300}], max_tokens=10_000)
+        assert clamped.usage.prompt_tokens + clamped.usage.completion_tokens == 400
+        assert clamped.choices[0].finish_reason == "length"
+        with pytest.raises(openai.BadRequestError) as caught:
+            api.chat.completions.create(model="m", messages=[{"role": "user", "content": "c" * 500}])
+    error = caught.value.body
+    assert caught.value.status_code == 400
+    assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
+    assert "maximum context length is 400 tokens" in error["message"]
+
+
+def test_logprobs_and_n_choices():
+    with running() as (server, _, _):
+        reply = client(server).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "ab"}], logprobs=True, n=3, seed=1
+        )
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    tokens = [entry.token for entry in reply.choices[0].logprobs.content]
+    assert "".join(tokens) == "echo: ab<|im_end|>"
+    assert all(entry.logprob == 0.0 for entry in reply.choices[0].logprobs.content)
+    assert reply.usage.completion_tokens == 3 * (len("echo: ab") + 1)
+
+
+def test_session_from_path_or_header_names_the_conversation():
+    with running() as (server, policy, recorder):
+        client(server, "/s/task-7/v1").chat.completions.create(model="m", messages=[{"role": "user", "content": "one"}])
+        client(server, default_headers={"X-Harnessrl-Session": "task-8"}).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "two"}]
+        )
+    assert sorted(recorder.sessions()) == ["task-7", "task-8"]
+    assert [c.session for c in policy.contexts] == ["task-7", "task-8"]
+
+
+def test_unnamed_requests_are_grouped_by_message_prefix_into_trajectories():
+    with running() as (server, _, recorder):
+        api = client(server)
+        histories = {"a": [{"role": "user", "content": "first a"}], "b": [{"role": "user", "content": "first b"}]}
+        for turn in range(3):
+            for name, history in histories.items():
+                reply = api.chat.completions.create(model="m", messages=history)
+                history += [{"role": "assistant", "content": reply.choices[0].message.content},
+                            {"role": "user", "content": f"{name} again {turn}"}]
+    assert len(recorder.sessions()) == 2
+    for session in recorder.sessions():
+        trajectory = recorder.to_trajectory(session, task_id="t", config="ext:test", passed=True)
+        assert len(trajectory.turns) == 3 and trajectory.reward == 1.0
+        assert trajectory.turns[0].observation.endswith("again 0")
+        # Token-in, token-out: each prompt extends the previous prompt and sampled ids, so the
+        # whole conversation is one training sequence whose policy tokens are the sampled ids.
+        (sample,) = trajectory.training_samples()
+        sampled = [i for turn in trajectory.turns for i in turn.completion_ids]
+        assert [i for i, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m] == sampled
+        later_prompt = trajectory.turns[2]
+        labels = later_prompt.prompt_labels()
+        assert labels.count(SPAN_POLICY) == sum(len(t.completion_ids) for t in trajectory.turns[:2])
+
+
+def test_records_are_written_as_jsonl_and_load_back(tmp_path):
+    recorder = ConversationRecorder(tmp_path)
+    with running(recorder=recorder) as (server, _, _):
+        client(server, "/s/job/v1").chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
+    loaded = ConversationRecorder.load(tmp_path)
+    assert loaded.sessions() == ["job"]
+    assert loaded.to_trajectory("job").turns[0].completion_ids == recorder.records("job")[0]["completion_ids"]
+
+
+def test_concurrent_requests_share_policy_batches_and_get_their_own_answers():
+    release = threading.Event()
+    policy = Scripted()
+    inner = policy.generate
+
+    def gated(requests):
+        release.wait(timeout=30)
+        return inner(requests)
+
+    policy.generate = gated
+    with running(policy) as (server, _, _):
+        engine = server.app.state.engine
+        answers = {}
+
+        def ask(i):
+            answers[i] = client(server).chat.completions.create(model="m", messages=[{"role": "user", "content": f"q{i}"}])
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 30
+        while engine.batcher._queue.qsize() < 7 and time.monotonic() < deadline:
+            time.sleep(0.01)  # one request is in the gated batch, seven wait for the next
+        release.set()
+        for thread in threads:
+            thread.join()
+    assert {i: a.choices[0].message.content for i, a in answers.items()} == {i: f"echo: q{i}" for i in range(8)}
+    assert engine.batcher.batches == 2 and engine.batcher.requests == 8
+
+
+def test_api_key_is_checked_when_configured():
+    with running(api_key="sekret") as (server, _, _):
+        with pytest.raises(openai.AuthenticationError) as caught:
+            client(server, api_key="wrong").models.list()
+        assert caught.value.body["code"] == "invalid_api_key"
+        assert [m.id for m in client(server, api_key="sekret").models.list()] == ["test-model"]
+
+
+def test_malformed_chat_requests_get_openai_shaped_400s():
+    with running() as (server, _, _):
+        url = server.base_url + "/v1/chat/completions"
+        cases = {
+            b"{not json": None,
+            b"[1, 2]": None,
+            json.dumps({"model": "m"}).encode(): "messages",
+            json.dumps({"messages": []}).encode(): "messages",
+            json.dumps({"messages": [{"role": "wizard", "content": "x"}]}).encode(): "messages[0].role",
+            json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}).encode(): "max_tokens",
+            json.dumps({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}).encode(): "temperature",
+            json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}).encode(): "tools[0].function",
+        }
+        for body, param in cases.items():
+            response = httpx.post(url, content=body, headers={"content-type": "application/json"})
+            assert response.status_code == 400, body
+            error = response.json()["error"]
+            assert error["type"] == "invalid_request_error" and error["param"] == param and error["message"]
+        missing = httpx.post(server.base_url + "/v1/nothing", json={})
+        assert missing.status_code == 404 and "error" in missing.json()
+
+
+def test_server_thread_serves_on_a_unix_socket(tmp_path):
+    socket_path = tmp_path / "serve.sock"
+    app = create_app(Scripted(), model_name="uds-model")
+    with ServerThread(app, uds=socket_path) as server:
+        http = httpx.Client(transport=httpx.HTTPTransport(uds=str(socket_path)), base_url=server.base_url)
+        api = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", http_client=http, max_retries=0)
+        reply = api.chat.completions.create(model="uds-model", messages=[{"role": "user", "content": "via socket"}])
+        assert reply.choices[0].message.content == "echo: via socket"
+    assert not server._thread

@@ -41,8 +41,21 @@ _FENCE = re.compile(r"```([A-Za-z0-9_]+)\s*\n")
 _TOOL_CALL = "<tool_call>"
 
 
-def session_task_id(session: str) -> str:
-    """Returns the task id of a session name ``<task id>`` or ``<task id>@<run>``."""
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def session_key(task_id: str) -> str:
+    """Returns ``task_id`` with every character that is not URL-path safe replaced by ``_``."""
+    return _UNSAFE.sub("_", task_id)
+
+
+def session_name(task_id: str, run: int = 0) -> str:
+    """Returns the session (a URL path segment) of run ``run`` of a task: ``<key>@<run>``."""
+    return f"{session_key(task_id)}@{int(run)}"
+
+
+def session_task_key(session: str) -> str:
+    """Returns the task key of a session name ``<key>`` or ``<key>@<run>``."""
     return session.rsplit("@", 1)[0] if "@" in session else session
 
 
@@ -93,17 +106,21 @@ def _text_of(messages: Sequence[Mapping[str, Any]], roles: tuple[str, ...]) -> s
 class GoldReplayPolicy(Policy):
     """Answers `harnessrl serve` requests with the gold solution of the session's task.
 
-    ``tasks`` maps task ids to tasks (or is a function from task id to task). A request whose
-    session names no known task gets an error generation, which the server reports.
+    ``tasks`` is a sequence of tasks, or a function from a session's task key (`session_key`
+    of the task id) to a task. A request whose session names no known task gets an error
+    generation, which the server reports. Sessions are named with `session_name`.
     """
 
     name = "gold-replay"
 
-    def __init__(self, tasks: Mapping[str, Task] | Callable[[str], Task | None],
+    def __init__(self, tasks: Sequence[Task] | Callable[[str], Task | None],
                  tokenizer: ChatTokenizer | None = None) -> None:
         self.tokenizer = tokenizer or ByteTokenizer()
-        self._lookup: Callable[[str], Task | None] = (
-            tasks.get if isinstance(tasks, Mapping) else tasks)  # type: ignore[assignment]
+        if callable(tasks):
+            self._lookup = tasks
+        else:
+            by_key = {session_key(task.id): task for task in tasks}
+            self._lookup = by_key.get
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         out = []
@@ -121,7 +138,7 @@ class GoldReplayPolicy(Policy):
         if messages is None:
             return "", "the gold replay policy needs a ServeContext (serve the policy with harnessrl serve)"
         session = getattr(context, "session", None)
-        task = self._lookup(session_task_id(session)) if session else None
+        task = self._lookup(session_task_key(session)) if session else None
         if task is None:
             return "", f"the gold replay policy knows no task for session {session!r}"
         actions = [a for a in task.gold if a.kind != "submit"]

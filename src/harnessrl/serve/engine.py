@@ -61,6 +61,8 @@ class ParsedRequest:
     n: int = 1
     stream: bool = False
     raw: dict[str, Any] = field(default_factory=dict)
+    # what one API carries from parsing to its response (e.g. the Responses API's custom tools)
+    state: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

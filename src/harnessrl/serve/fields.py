@@ -127,3 +127,10 @@ def function_tool(name: Any, description: Any, parameters: Any, where: str) -> d
     if not isinstance(parameters, dict):
         raise InvalidRequest(f"'{where}' parameters must be a JSON schema object", where)
     return {"name": name, "description": description or "", "parameters": parameters}
+
+
+def sampling(body: dict[str, Any], max_temperature: float) -> tuple[float, float]:
+    """Returns (temperature, top_p); ``top_p: 0`` keeps only the most likely token: greedy."""
+    temperature = optional_number(body, "temperature", 0.0, max_temperature, 1.0)
+    top_p = optional_number(body, "top_p", 0.0, 1.0, 1.0)
+    return (0.0, 1.0) if top_p == 0.0 else (temperature, top_p)

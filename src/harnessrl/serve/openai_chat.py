@@ -17,20 +17,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from harnessrl.serve import fields
 from harnessrl.serve.context import API_CHAT
 from harnessrl.serve.engine import CompletionSet, InvalidRequest, ParsedRequest, new_id
-from harnessrl.serve.fields import (
-    arguments_object,
-    function_tool,
-    optional_bool,
-    optional_int,
-    optional_number,
-    require_dict,
-    require_list,
-    require_str,
-    string_list,
-    text_of_parts,
-)
 
 TEXT_PARTS = ("text", "input_text", "output_text")
 FINISH_REASONS = {"stop": "stop", "stop_sequence": "stop", "length": "length", "tool_calls": "tool_calls"}
@@ -39,32 +28,32 @@ STREAM_PIECE_CHARS = 32
 
 def _assistant_calls(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
     calls = []
-    for index, call in enumerate(require_list(message.get("tool_calls") or [], f"{where}.tool_calls")):
+    for index, call in enumerate(fields.require_list(message.get("tool_calls") or [], f"{where}.tool_calls")):
         at = f"{where}.tool_calls[{index}]"
-        call = require_dict(call, at)
-        function = require_dict(call.get("function"), f"{at}.function")
-        name = require_str(function.get("name"), f"{at}.function.name")
-        arguments = arguments_object(function.get("arguments"), f"{at}.function.arguments")
+        call = fields.require_dict(call, at)
+        function = fields.require_dict(call.get("function"), f"{at}.function")
+        name = fields.require_str(function.get("name"), f"{at}.function.name")
+        arguments = fields.arguments_object(function.get("arguments"), f"{at}.function.arguments")
         calls.append({"id": str(call.get("id") or ""), "name": name, "arguments": arguments})
     legacy = message.get("function_call")
     if isinstance(legacy, dict) and isinstance(legacy.get("name"), str):
-        arguments = arguments_object(legacy.get("arguments"), f"{where}.function_call.arguments")
+        arguments = fields.arguments_object(legacy.get("arguments"), f"{where}.function_call.arguments")
         calls.append({"id": "", "name": legacy["name"], "arguments": arguments})
     return calls
 
 
 def normalize_messages(value: Any) -> list[dict[str, Any]]:
     """Returns Chat Completions ``messages`` as normalized messages (see ``serve/context.py``)."""
-    messages = require_list(value, "messages")
+    messages = fields.require_list(value, "messages")
     if not messages:
         raise InvalidRequest("'messages' must hold at least one message", "messages")
     names: dict[str, str] = {}  # tool_call_id -> tool name
     out: list[dict[str, Any]] = []
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
-        message = require_dict(message, where)
+        message = fields.require_dict(message, where)
         role = message.get("role")
-        content = text_of_parts(message.get("content"), f"{where}.content", TEXT_PARTS)
+        content = fields.text_of_parts(message.get("content"), f"{where}.content", TEXT_PARTS)
         if role in ("system", "developer"):
             out.append({"role": "system", "content": content})
         elif role == "user":
@@ -90,17 +79,17 @@ def normalize_messages(value: Any) -> list[dict[str, Any]]:
 def normalize_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
     """Returns the request's function tools (``tools`` and legacy ``functions``), normalized."""
     tools = []
-    for index, tool in enumerate(require_list(body.get("tools") or [], "tools")):
+    for index, tool in enumerate(fields.require_list(body.get("tools") or [], "tools")):
         where = f"tools[{index}]"
-        tool = require_dict(tool, where)
+        tool = fields.require_dict(tool, where)
         if tool.get("type", "function") != "function":
             continue  # built-in tool types (web search, ...) have no function to render
-        function = require_dict(tool.get("function"), f"{where}.function")
-        tools.append(function_tool(function.get("name"), function.get("description"), function.get("parameters"), f"{where}.function"))
-    for index, function in enumerate(require_list(body.get("functions") or [], "functions")):
+        function = fields.require_dict(tool.get("function"), f"{where}.function")
+        tools.append(fields.function_tool(function.get("name"), function.get("description"), function.get("parameters"), f"{where}.function"))
+    for index, function in enumerate(fields.require_list(body.get("functions") or [], "functions")):
         where = f"functions[{index}]"
-        function = require_dict(function, where)
-        tools.append(function_tool(function.get("name"), function.get("description"), function.get("parameters"), where))
+        function = fields.require_dict(function, where)
+        tools.append(fields.function_tool(function.get("name"), function.get("description"), function.get("parameters"), where))
     if body.get("tool_choice") == "none" or body.get("function_call") == "none":
         return []
     return tools
@@ -109,18 +98,15 @@ def normalize_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
 def parse_chat_request(body: dict[str, Any]) -> ParsedRequest:
     """Returns the parsed request (raises ``InvalidRequest`` naming the bad field)."""
     messages = normalize_messages(body.get("messages"))
-    max_tokens = optional_int(body, "max_completion_tokens", minimum=1)
+    max_tokens = fields.optional_int(body, "max_completion_tokens", minimum=1)
     if max_tokens is None:
-        max_tokens = optional_int(body, "max_tokens", minimum=1)
-    temperature = optional_number(body, "temperature", 0.0, 2.0, 1.0)
-    top_p = optional_number(body, "top_p", 0.0, 1.0, 1.0)
-    if top_p == 0.0:  # only the most likely token is left: greedy
-        temperature, top_p = 0.0, 1.0
-    optional_bool(body, "logprobs")
-    optional_int(body, "top_logprobs", minimum=0, maximum=20)
+        max_tokens = fields.optional_int(body, "max_tokens", minimum=1)
+    temperature, top_p = fields.sampling(body, max_temperature=2.0)
+    fields.optional_bool(body, "logprobs")
+    fields.optional_int(body, "top_logprobs", minimum=0, maximum=20)
     options = body.get("stream_options")
     if options is not None:
-        require_dict(options, "stream_options")
+        fields.require_dict(options, "stream_options")
     return ParsedRequest(
         api=API_CHAT,
         messages=messages,
@@ -128,10 +114,10 @@ def parse_chat_request(body: dict[str, Any]) -> ParsedRequest:
         max_tokens=max_tokens,
         temperature=temperature,
         top_p=top_p,
-        seed=optional_int(body, "seed"),
-        stop=string_list(body.get("stop"), "stop", limit=4),
-        n=optional_int(body, "n", minimum=1, maximum=16) or 1,
-        stream=optional_bool(body, "stream"),
+        seed=fields.optional_int(body, "seed"),
+        stop=fields.string_list(body.get("stop"), "stop", limit=4),
+        n=fields.optional_int(body, "n", minimum=1, maximum=16) or 1,
+        stream=fields.optional_bool(body, "stream"),
         raw=body,
     )
 

@@ -1,0 +1,211 @@
+"""Anthropic Messages (``POST /v1/messages``, with or without ``?beta=true``, and
+``/v1/messages/count_tokens``): request parsing, the message object and its event stream.
+
+Supported: ``system`` as a string or text blocks; ``messages`` whose content is a string or
+blocks (``text``; ``tool_use`` from the assistant; ``tool_result`` with a string or blocks as
+content, and ``is_error``; images and documents become a ``[image]``-style placeholder;
+``thinking`` blocks are dropped); a ``system`` role mid-conversation; ``tools`` with
+``input_schema`` (server tools without a schema are left out; ``tool_choice: {"type":
+"none"}`` leaves them all out); ``max_tokens``; ``stop_sequences``; ``temperature``;
+``top_p``; ``stream``. The stream (produced after generation ends) is ``message_start``,
+per block ``content_block_start`` / deltas (``text_delta``, ``input_json_delta``) /
+``content_block_stop``, then ``message_delta`` with the stop reason and ``message_stop``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from harnessrl.serve import fields
+from harnessrl.serve.context import API_MESSAGES
+from harnessrl.serve.engine import Completion, CompletionSet, InvalidRequest, ParsedRequest, new_id
+from harnessrl.serve.openai_chat import text_pieces
+
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "stop_sequence": "stop_sequence", "tool_calls": "tool_use"}
+IGNORED_BLOCKS = ("thinking", "redacted_thinking")
+
+
+def _user_content(content: Any, where: str) -> list[dict[str, Any]]:
+    """Returns a user message's content as normalized messages: one tool message per
+    ``tool_result`` block and user messages for the text around them, in order."""
+    if isinstance(content, str):
+        return [{"role": "user", "content": content}]
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+
+    def flush() -> None:
+        if texts:
+            out.append({"role": "user", "content": "\n".join(texts)})
+            texts.clear()
+
+    for index, block in enumerate(fields.require_list(content, f"{where}.content")):
+        at = f"{where}.content[{index}]"
+        block = fields.require_dict(block, at)
+        kind = block.get("type")
+        if kind == "tool_result":
+            flush()
+            call_id = fields.require_str(block.get("tool_use_id"), f"{at}.tool_use_id")
+            text = fields.text_of_parts(block.get("content"), f"{at}.content", ("text",))
+            is_error = fields.optional_bool(block, "is_error")
+            out.append({"role": "tool", "tool_call_id": call_id, "name": "", "content": text, "is_error": is_error})
+        elif kind == "text":
+            texts.append(fields.require_str(block.get("text"), f"{at}.text"))
+        elif kind in IGNORED_BLOCKS:
+            continue
+        elif isinstance(kind, str):
+            texts.append(f"[{kind}]")
+        else:
+            raise InvalidRequest(f"'{at}.type' must be a string", f"{at}.type")
+    flush()
+    return out
+
+
+def _assistant_content(content: Any, where: str) -> dict[str, Any]:
+    if isinstance(content, str):
+        return {"role": "assistant", "content": content, "tool_calls": []}
+    texts, calls = [], []
+    for index, block in enumerate(fields.require_list(content, f"{where}.content")):
+        at = f"{where}.content[{index}]"
+        block = fields.require_dict(block, at)
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(fields.require_str(block.get("text"), f"{at}.text"))
+        elif kind == "tool_use":
+            name = fields.require_str(block.get("name"), f"{at}.name")
+            arguments = fields.require_dict(block.get("input", {}), f"{at}.input")
+            calls.append({"id": str(block.get("id") or ""), "name": name, "arguments": arguments})
+        elif not isinstance(kind, str):
+            raise InvalidRequest(f"'{at}.type' must be a string", f"{at}.type")
+    return {"role": "assistant", "content": "\n".join(texts), "tool_calls": calls}
+
+
+def normalize_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Returns ``system`` and ``messages`` as normalized messages (see ``serve/context.py``)."""
+    out: list[dict[str, Any]] = []
+    system = body.get("system")
+    if system is not None and system != "" and system != []:
+        out.append({"role": "system", "content": fields.text_of_parts(system, "system", ("text",))})
+    messages = fields.require_list(body.get("messages"), "messages")
+    if not messages:
+        raise InvalidRequest("messages: at least one message is required", "messages")
+    names: dict[str, str] = {}
+    for index, message in enumerate(messages):
+        where = f"messages.{index}"
+        message = fields.require_dict(message, where)
+        role = message.get("role")
+        content = message.get("content")
+        if role == "user":
+            for item in _user_content(content, where):
+                if item["role"] == "tool":
+                    item["name"] = names.get(item["tool_call_id"], "")
+                out.append(item)
+        elif role == "assistant":
+            item = _assistant_content(content, where)
+            names.update({call["id"]: call["name"] for call in item["tool_calls"]})
+            out.append(item)
+        elif role == "system":
+            out.append({"role": "system", "content": fields.text_of_parts(content, f"{where}.content", ("text",))})
+        else:
+            raise InvalidRequest(f"{where}.role: Input should be 'user' or 'assistant'", f"{where}.role")
+    return out
+
+
+def normalize_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Returns the client tools with an input schema, normalized."""
+    choice = body.get("tool_choice")
+    tools = []
+    for index, tool in enumerate(fields.require_list(body.get("tools") or [], "tools")):
+        where = f"tools.{index}"
+        tool = fields.require_dict(tool, where)
+        if "input_schema" not in tool and tool.get("type") not in (None, "custom"):
+            continue  # a server tool (web search, ...): nothing the model could call here
+        tools.append(fields.function_tool(tool.get("name"), tool.get("description"), tool.get("input_schema"), where))
+    if isinstance(choice, dict) and choice.get("type") == "none":
+        return []
+    return tools
+
+
+def parse_messages_request(body: dict[str, Any], count_only: bool = False) -> ParsedRequest:
+    """Returns the parsed request (raises ``InvalidRequest`` naming the bad field)."""
+    messages = normalize_messages(body)
+    tools = normalize_tools(body)
+    if count_only:
+        return ParsedRequest(api=API_MESSAGES, messages=messages, tools=tools, raw=body)
+    temperature, top_p = fields.sampling(body, max_temperature=1.0)
+    return ParsedRequest(
+        api=API_MESSAGES,
+        messages=messages,
+        tools=tools,
+        max_tokens=fields.optional_int(body, "max_tokens", minimum=1),
+        temperature=temperature,
+        top_p=top_p,
+        stop=fields.string_list(body.get("stop_sequences"), "stop_sequences", limit=64),
+        stream=fields.optional_bool(body, "stream"),
+        raw=body,
+    )
+
+
+def _blocks(choice: Completion) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if choice.content or not choice.tool_calls:
+        blocks.append({"type": "text", "text": choice.content})
+    for call in choice.tool_calls:
+        blocks.append({"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"), "name": call["name"], "input": call["arguments"]})
+    return blocks
+
+
+def _usage(result: CompletionSet, output_tokens: int) -> dict[str, Any]:
+    return {
+        "input_tokens": result.prompt_tokens, "output_tokens": output_tokens,
+        "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+    }
+
+
+def message_response(result: CompletionSet, model: str) -> dict[str, Any]:
+    """Returns the ``message`` object."""
+    choice = result.choices[0]
+    return {
+        "id": new_id("msg_"),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": _blocks(choice),
+        "stop_reason": STOP_REASONS[choice.finish_reason],
+        "stop_sequence": choice.stop_sequence,
+        "usage": _usage(result, len(choice.token_ids)),
+    }
+
+
+def sse_event(name: str, payload: dict[str, Any]) -> str:
+    """Returns one named server-sent event."""
+    return f"event: {name}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def message_stream(result: CompletionSet, model: str) -> Iterator[str]:
+    """Yields the server-sent events of a streamed message."""
+    choice = result.choices[0]
+    start = {**message_response(result, model), "content": [], "stop_reason": None, "stop_sequence": None}
+    start["usage"] = _usage(result, 1)
+    yield sse_event("message_start", {"type": "message_start", "message": start})
+    for index, block in enumerate(_blocks(choice)):
+        if block["type"] == "text":
+            opening: dict[str, Any] = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": piece} for piece in text_pieces(block["text"])]
+        else:
+            opening = {**block, "input": {}}
+            arguments = json.dumps(block["input"], ensure_ascii=False)
+            deltas = [{"type": "input_json_delta", "partial_json": piece} for piece in text_pieces(arguments)]
+        yield sse_event("content_block_start", {"type": "content_block_start", "index": index, "content_block": opening})
+        if index == 0:
+            yield sse_event("ping", {"type": "ping"})
+        for delta in deltas:
+            yield sse_event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+        yield sse_event("content_block_stop", {"type": "content_block_stop", "index": index})
+    yield sse_event("message_delta", {
+        "type": "message_delta",
+        "delta": {"stop_reason": STOP_REASONS[choice.finish_reason], "stop_sequence": choice.stop_sequence},
+        "usage": {"output_tokens": len(choice.token_ids)},
+    })
+    yield sse_event("message_stop", {"type": "message_stop"})

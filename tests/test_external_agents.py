@@ -196,9 +196,14 @@ def mini_swe_agent() -> str:
     return agent.name
 
 
+E2E_TASK_IDS = ("ws-test-recovery-4-0", "ws-test-sqlite-1-0", "ws-test-text-4-0")
+"""A broken program to repair, a question whose answer the verifier checks, a file edit."""
+
+
 @pytest.fixture(scope="module")
 def workspace_tasks() -> list[Task]:
-    return list(load_suite("workspace").tasks("test", limit=3, seed=1))
+    tasks = {t.id: t for t in load_suite("workspace").tasks("test")}
+    return [tasks[task_id] for task_id in E2E_TASK_IDS]
 
 
 def test_mini_swe_agent_passes_tasks_by_replaying_gold_through_its_shell(
@@ -217,6 +222,8 @@ def test_mini_swe_agent_passes_tasks_by_replaying_gold_through_its_shell(
         logs = Path(trajectory.metrics["logs"])
         saved = json.loads((logs / "trajectory.json").read_text())
         assert saved["info"]["exit_status"] == "Submitted"
+        if task.expects_answer:
+            assert (trajectory.answer or "").strip() == task.gold[-1].answer
 
 
 def test_mini_swe_agent_that_does_no_work_fails_the_verifier(
@@ -264,3 +271,20 @@ def test_installed_npm_agent_runs_inside_the_sandbox(name: str) -> None:
     _installed_or_skip(name)
     version = check_agent(name)
     assert get_agent(name).packages[-1].version.split(".")[0] in version
+
+
+@pytest.mark.external_agent
+@pytest.mark.parametrize("name", NPM_AGENTS)
+def test_installed_npm_agent_passes_tasks_by_replaying_gold_through_its_tools(
+        name: str, workspace_tasks: list[Task], tmp_path: Path) -> None:
+    _installed_or_skip(name)
+    tasks = workspace_tasks[:2]
+    config = ExternalConfig(time_limit_s=300, log_dir=str(tmp_path))
+    trajectories = evaluate_external(name, GoldReplayPolicy(tasks), tasks, config=config)
+    for task, trajectory in zip(tasks, trajectories, strict=True):
+        assert trajectory.passed, (trajectory.error, trajectory.verdict, trajectory.metrics)
+        assert trajectory.config == f"ext:{name}" and trajectory.metrics["apis"] == [get_agent(name).api]
+        acted = [turn for turn in trajectory.turns if turn.calls]
+        assert len(acted) == len([a for a in task.gold if a.kind != "submit"])
+        if task.expects_answer:
+            assert task.gold[-1].answer in (trajectory.answer or "")

@@ -288,3 +288,25 @@ def test_installed_npm_agent_passes_tasks_by_replaying_gold_through_its_tools(
         assert len(acted) == len([a for a in task.gold if a.kind != "submit"])
         if task.expects_answer:
             assert task.gold[-1].answer in (trajectory.answer or "")
+
+
+def test_eval_scores_ext_configurations_next_to_in_space_harnesses(
+        mini_swe_agent: str, workspace_tasks: list[Task]) -> None:
+    from harnessrl.eval.evaluate import evaluate
+    from harnessrl.harness.harness import HarnessLimits
+    from harnessrl.policy.scripted import OraclePolicy
+
+    tasks = workspace_tasks[1:2]
+    limits = HarnessLimits(max_new_tokens=16_384, context_tokens=262_144)
+    result = evaluate(OraclePolicy(), ["S0-T0-O0-C0-W0", "ext:mini-swe-agent"], tasks, limits=limits)
+    assert set(result.per_config) == {"S0-T0-O0-C0-W0", "ext:mini-swe-agent"}
+    assert result.per_config["ext:mini-swe-agent"]["pass_at_1"] == 1.0
+    assert result.overall["pass_at_1"] == 1.0 and result.overall["episodes"] == 2
+
+
+def test_unknown_ext_configuration_is_a_clear_error() -> None:
+    from harnessrl.harness.external.run import split_external
+
+    assert split_external(["S0-T0-O0-C0-W0", "ext:codex"]) == (["S0-T0-O0-C0-W0"], ["codex"])
+    with pytest.raises(ValueError, match="unknown external agent 'cursor'"):
+        split_external(["ext:cursor"])

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harnessrl.eval.metrics import avg_at_k, bootstrap_ci, mean_pass_at_k
+from harnessrl.harness.external.run import ExternalConfig
 from harnessrl.harness.harness import Harness, HarnessLimits
 from harnessrl.policy.base import Policy, SamplingParams
 from harnessrl.rollout import RolloutEngine, RolloutJob, RolloutStats
@@ -80,12 +81,23 @@ def evaluate(
     env_workers: int = 4,
     backend: str = "auto",
     progress: bool = False,
+    external: ExternalConfig | None = None,
 ) -> EvalResult:
     """Runs every task k times under every harness and returns the scores.
 
     Run r of a task uses seed ``seed + r``, so repeated evaluations are reproducible.
+    ``ext:<name>`` entries of ``harness_names`` are external agents (mini-swe-agent, Claude
+    Code, ...) run against the policy served by `harnessrl serve` (see
+    `harnessrl.harness.external`), with ``external`` (default: this sandbox ``backend``).
     """
-    harnesses = [Harness.named(name, limits) for name in harness_names]
+    from harnessrl.harness.external.run import (
+        evaluate_external,
+        policy_for_external,
+        split_external,
+    )
+
+    in_space, agents = split_external(harness_names)
+    harnesses = [Harness.named(name, limits) for name in in_space]
     jobs = [
         RolloutJob(task, harness, seed=seed + run, tags={"run": run})
         for harness in harnesses for task in tasks for run in range(k)
@@ -95,7 +107,12 @@ def evaluate(
         policy, max_concurrent=max_concurrent, env_workers=env_workers, sampling=sampling,
         backend=backend, progress=progress,
     )
-    trajectories, stats = engine.run(jobs)
+    trajectories, stats = engine.run(jobs) if jobs else ([], None)
+    if agents:
+        served = policy_for_external(policy, tasks)
+        config = external or ExternalConfig(backend=backend)
+        for name in agents:
+            trajectories += evaluate_external(name, served, tasks, k=k, config=config)
     per_config: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajectories:
         per_config[t.config].append(t)

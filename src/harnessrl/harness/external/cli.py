@@ -48,8 +48,8 @@ def register(subparsers: Any) -> None:
         "the policy, and scores the workspace with the task's verifier.")
     p.add_argument("name", metavar="NAME", help=f"one of {', '.join(AGENTS)}")
     p.add_argument("--policy", default="gold",
-                   help="'gold' (replays each task's gold solution through the agent's own tools)"
-                   " or any policy spec of `harnessrl rollout`")
+                   help="'gold' or 'oracle' (replays each task's gold solution through the agent's"
+                   " own tools) or any policy spec of `harnessrl rollout`")
     p.add_argument("--suite", default="workspace", help="task suite name or task file")
     p.add_argument("--split", default="test", help="task split")
     p.add_argument("--limit", type=int, default=3, help="tasks to run")
@@ -112,7 +112,11 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_run(args: argparse.Namespace) -> int:
-    from harnessrl.harness.external.run import ExternalConfig, evaluate_external
+    from harnessrl.harness.external.run import (
+        ExternalConfig,
+        evaluate_external,
+        policy_for_external,
+    )
     from harnessrl.policy import make_policy
     from harnessrl.policy.gold_replay import GoldReplayPolicy
     from harnessrl.rollout_cli import summarize
@@ -125,7 +129,8 @@ def run_run(args: argparse.Namespace) -> int:
     tasks = list(suite.tasks(args.split, limit=args.limit, seed=args.seed))
     if not tasks:
         raise ValueError(f"suite {args.suite!r} split {args.split!r} has no tasks")
-    policy = GoldReplayPolicy(tasks) if args.policy == "gold" else make_policy(args.policy, args.seed)
+    policy = (GoldReplayPolicy(tasks) if args.policy == "gold"
+              else policy_for_external(make_policy(args.policy, args.seed), tasks))
     config = ExternalConfig(model=args.model, max_steps=args.max_steps, time_limit_s=args.time_limit,
                             backend=args.backend, log_dir=args.log_dir)
     try:

@@ -250,6 +250,32 @@ def run_task(agent: ExternalAgent, task: Task, server: AgentServer, config: Exte
     return trajectory
 
 
+EXTERNAL_PREFIX = "ext:"
+"""How evaluation names an external agent as a configuration: ``ext:<name>``."""
+
+
+def split_external(names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Returns (harness names, external agent names) of an evaluation set; ``ext:<name>``
+    entries are checked against the known agents."""
+    harnesses, external = [], []
+    for name in names:
+        if name.startswith(EXTERNAL_PREFIX):
+            external.append(get_agent(name[len(EXTERNAL_PREFIX):]).name)
+        else:
+            harnesses.append(name)
+    return harnesses, external
+
+
+def policy_for_external(policy: Policy, tasks: Sequence[Task]) -> Policy:
+    """Returns the policy to serve to external agents: the oracle (gold through the harness's
+    own tools) becomes `GoldReplayPolicy` (gold through the agent's own tools); any other
+    policy is served as it is."""
+    from harnessrl.policy.gold_replay import GoldReplayPolicy
+    from harnessrl.policy.scripted import OraclePolicy
+
+    return GoldReplayPolicy(tasks) if isinstance(policy, OraclePolicy) else policy
+
+
 def evaluate_external(name: str, policy: Policy, tasks: Sequence[Task], k: int = 1,
                       config: ExternalConfig | None = None,
                       server: AgentServer | None = None) -> list[Trajectory]:

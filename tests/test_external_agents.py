@@ -238,14 +238,16 @@ def test_mini_swe_agent_that_does_no_work_fails_the_verifier(
 
 def test_agent_that_cannot_reach_a_task_is_an_error_trajectory(
         mini_swe_agent: str, workspace_tasks: list[Task]) -> None:
-    # The policy knows no task: the server answers every request with an error, the agent gives up.
+    # The policy knows no task: the server answers every request with an error, the agent gives
+    # up, and the trajectory says why (the server's message, from the agent's own stderr).
     task = workspace_tasks[0]
     policy = GoldReplayPolicy([])
     with AgentServer(policy) as server:
         [trajectory] = evaluate_external(mini_swe_agent, policy, [task],
                                          config=ExternalConfig(time_limit_s=120, max_steps=3), server=server)
-    assert not trajectory.passed
-    assert trajectory.turns == [] or all(not t.completion_ids for t in trajectory.turns)
+    assert not trajectory.passed and trajectory.turns == []
+    assert trajectory.status == "error" and trajectory.metrics["exit_code"] != 0
+    assert "knows no task" in (trajectory.error or ""), trajectory.error
 
 
 # --------------------------------------------------------------------------------------------

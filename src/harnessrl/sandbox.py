@@ -32,6 +32,13 @@ where those commands run and what they can reach:
   (RLIMIT_AS), so a sandbox may use up to ``max_processes * memory_mb`` in the worst case,
   and disk use inside the workspace is limited only per file (RLIMIT_FSIZE).
 
+Extra mounts and environment. ``open_sandbox(mounts=..., env=...)`` shows up to `MAX_MOUNTS`
+more host directories (`SandboxMount`: read-only unless asked, never over the directories the
+sandbox builds itself or the workspace) and adds variables to the commands' environment. This
+is how an external agent program runs here: its install folder read-only, a state folder
+(HOME, logs) writable, and a folder holding a Unix socket of `harnessrl serve`, which is the
+one way out of the network namespace (see `harnessrl.harness.external`).
+
 How a command runs. Starting fresh namespaces per command costs milliseconds, and so does
 starting bash, so each sandbox starts ONE long-lived server (`_CommandServer`, a stdlib-only
 Python program shipped as source) as pid 1 of its pid namespace, and that server keeps a
@@ -441,8 +448,6 @@ class _CommandServer:
 
     @classmethod
     def main(cls) -> None:
-        # Nothing the launcher passed (an extra mount's host descriptor) reaches any command.
-        os.closerange(3, 1 << 16)
         control = socket.socket(fileno=0)
         config = json.loads(control.recv(1 << 20).decode("utf-8"))
         cls(config, control).serve()

@@ -312,3 +312,18 @@ def test_unknown_ext_configuration_is_a_clear_error() -> None:
     assert split_external(["S0-T0-O0-C0-W0", "ext:codex"]) == (["S0-T0-O0-C0-W0"], ["codex"])
     with pytest.raises(ValueError, match="unknown external agent 'cursor'"):
         split_external(["ext:cursor"])
+
+
+def test_cli_lists_checks_and_runs_agents(mini_swe_agent: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from harnessrl.cli import main
+
+    assert main(["external", "list", "--json"]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert set(rows) == set(AGENTS) and rows["mini-swe-agent"]["state"] == "installed"
+    assert main(["external", "check", "mini-swe-agent"]) == 0
+    assert capsys.readouterr().out.strip() == "mini-swe-agent 2.4.6"
+    assert main(["external", "run", "mini-swe-agent", "--limit", "1", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["episodes"] == 1 and summary["pass_rate"] == 1.0
+    assert main(["external", "install", "aider"]) == 2
+    assert "unknown external agent 'aider'" in capsys.readouterr().err

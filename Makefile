@@ -19,6 +19,11 @@ system-deps:
 	    (apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)); \
 	  elif command -v sudo >/dev/null 2>&1; then sudo apt-get install -y -q bubblewrap >/dev/null; \
 	  else echo "warning: bubblewrap (bwrap) not found; the sandbox falls back to unshare" >&2; fi; }
+	@# External agents from PyPI get a venv of the system python3 (what the sandbox can run).
+	@/usr/bin/python3 -c 'import ensurepip' >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    (apt-get install -y -q python3-venv >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q python3-venv >/dev/null)); \
+	  else echo "warning: python3-venv not found; harnessrl external install mini-swe-agent needs it" >&2; fi; }
 
 # torch==2.13.0 (CPU) only when no torch is installed: a user's GPU build is kept.
 $(STAMP): pyproject.toml | $(PY)

@@ -74,6 +74,9 @@ class ExternalConfig:
         max_processes: processes and threads of the sandbox user.
         backend: the sandbox backend (auto, bwrap, unshare; ``none`` cannot mount).
         log_dir: keep each run's agent logs under ``log_dir/<agent>/<session>/``.
+        max_tokens: the server's output limit for requests that name none (litellm sends
+            none); None: 65,536 for policies that write bytewise (scripted ones write whole
+            gold commands), else 4,096.
     """
 
     model: str = "harnessrl"
@@ -83,6 +86,7 @@ class ExternalConfig:
     max_processes: int = 1024
     backend: str = "auto"
     log_dir: str | None = None
+    max_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not self.model or any(c.isspace() for c in self.model):
@@ -97,7 +101,8 @@ class AgentServer:
     """`harnessrl serve` over ``policy`` on a Unix socket that sandboxes can mount (see the
     module docstring); a context manager. ``recorder`` holds every session's requests."""
 
-    def __init__(self, policy: Policy, model_name: str = "harnessrl") -> None:
+    def __init__(self, policy: Policy, model_name: str = "harnessrl", max_tokens: int | None = None) -> None:
+        from harnessrl.harness.chat import ByteTokenizer
         from harnessrl.serve.app import create_app
         from harnessrl.serve.recorder import ConversationRecorder
 
@@ -107,9 +112,10 @@ class AgentServer:
         os.chmod(self.folder, 0o755)  # the sandbox user connects to the socket in it
         shutil.copyfile(RELAY_SOURCE, self.folder / "relay.py")
         os.chmod(self.folder / "relay.py", 0o644)
-        # Scripted policies write whole commands byte by byte: room for long ones.
+        if max_tokens is None:  # scripted policies write whole commands byte by byte
+            max_tokens = 1 << 16 if isinstance(getattr(policy, "tokenizer", None), ByteTokenizer) else 4096
         self.app = create_app(policy, model_name=model_name, api_key=self.api_key,
-                              recorder=self.recorder, default_max_tokens=1 << 16)
+                              recorder=self.recorder, default_max_tokens=max_tokens)
         self._thread: Any = None
 
     @property
@@ -289,7 +295,7 @@ def evaluate_external(name: str, policy: Policy, tasks: Sequence[Task], k: int =
     config = config or ExternalConfig()
     require_installed(agent.name, agent.plan())
     owned = server is None
-    server = server or AgentServer(policy, model_name=config.model).start()
+    server = server or AgentServer(policy, model_name=config.model, max_tokens=config.max_tokens).start()
     try:
         return [run_task(agent, task, server, config, run) for task in tasks for run in range(k)]
     finally:

@@ -327,3 +327,22 @@ def test_cli_lists_checks_and_runs_agents(mini_swe_agent: str, capsys: pytest.Ca
     assert summary["episodes"] == 1 and summary["pass_rate"] == 1.0
     assert main(["external", "install", "aider"]) == 2
     assert "unknown external agent 'aider'" in capsys.readouterr().err
+
+
+def test_install_that_leaves_a_placeholder_fails_with_the_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harnessrl.harness.external import install as install_module
+
+    monkeypatch.setenv("HARNESSRL_AGENTS", str(tmp_path))
+
+    def placeholder_npm(folder: Path, plan: InstallPlan) -> None:  # what npm leaves on too old a Node
+        (folder / "node_modules/openclaw").mkdir(parents=True)
+        (folder / "node_modules/openclaw/openclaw.mjs").write_text("")
+
+    monkeypatch.setattr(install_module, "_install_npm", placeholder_npm)
+    plan = get_agent("openclaw").plan()
+    with pytest.raises(AgentInstallError, match="empty placeholder"):
+        install("openclaw", plan)
+    assert read_manifest("openclaw") is None
+    monkeypatch.setattr(install_module, "_install_npm", lambda folder, plan: None)
+    with pytest.raises(AgentInstallError, match="no entry point matches"):
+        install("claude-code", get_agent("claude-code").plan())

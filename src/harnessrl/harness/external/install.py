@@ -217,7 +217,10 @@ def install(name: str, plan: InstallPlan, force: bool = False) -> dict[str, Any]
             " or Node version, or its install script did not run)")
     for relative in plan.check_files:
         if not (folder / relative).exists():
-            raise AgentInstallError(f"{name}: the install finished but {folder / relative} is missing")
+            raise AgentInstallError(
+                f"{name}: the install finished but {folder / relative} is missing: npm installed"
+                " an empty placeholder (this happens when the Node that ran npm is too old for the"
+                " package); remove the folder and install again")
     manifest = {
         "name": name,
         "version": plan.packages[-1].version,

@@ -346,3 +346,14 @@ def test_install_that_leaves_a_placeholder_fails_with_the_reason(tmp_path: Path,
     monkeypatch.setattr(install_module, "_install_npm", lambda folder, plan: None)
     with pytest.raises(AgentInstallError, match="no entry point matches"):
         install("claude-code", get_agent("claude-code").plan())
+
+
+def test_agent_that_never_acts_ends_with_its_own_format_error_status(
+        mini_swe_agent: str, workspace_tasks: list[Task]) -> None:
+    from harnessrl.policy.scripted import CallbackPolicy
+
+    rambling = CallbackPolicy(lambda context: "I am not sure what to do.")
+    [trajectory] = evaluate_external(mini_swe_agent, rambling, workspace_tasks[:1],
+                                     config=ExternalConfig(time_limit_s=120, max_steps=5))
+    assert trajectory.status == "format_errors" and not trajectory.passed
+    assert [turn.text for turn in trajectory.turns] == ["I am not sure what to do."] * len(trajectory.turns)

@@ -110,6 +110,11 @@ class ExternalAgent(ABC):
         """Returns the agent's final answer (for tasks that check one), or None."""
         return None
 
+    def status(self, run: AgentRun) -> str | None:
+        """Returns how the agent says its run ended, as a trajectory status (``submitted``,
+        ``max_turns``, ``format_errors``), or None when its logs do not say."""
+        return None
+
     def version_command(self, entry: str) -> str:
         """Returns a shell command (inside the sandbox) that prints the agent's version."""
         return f"{shlex.quote(entry)} --version"
@@ -187,16 +192,22 @@ class MiniSweAgent(ExternalAgent):
         return (f"{AGENT_MOUNT}/venv/bin/python -c 'import minisweagent;"
                 " print(\"mini-swe-agent\", minisweagent.__version__)'")
 
-    def answer(self, run: AgentRun, stdout: str) -> str | None:
-        text = _read_text(run.host_logs / "trajectory.json")
-        if text is None:
-            return None
+    @staticmethod
+    def _info(run: AgentRun) -> dict[str, Any]:
         try:
-            info = json.loads(text).get("info") or {}
+            info = json.loads(_read_text(run.host_logs / "trajectory.json") or "").get("info")
         except (ValueError, AttributeError):
-            return None
-        submission = info.get("submission")
+            return {}
+        return info if isinstance(info, dict) else {}
+
+    def answer(self, run: AgentRun, stdout: str) -> str | None:
+        submission = self._info(run).get("submission")
         return submission if isinstance(submission, str) else None
+
+    def status(self, run: AgentRun) -> str | None:
+        exit_status = self._info(run).get("exit_status")
+        return {"Submitted": "submitted", "LimitsExceeded": "max_turns",
+                "RepeatedFormatError": "format_errors"}.get(str(exit_status))
 
 
 class ClaudeCode(ExternalAgent):
@@ -244,6 +255,10 @@ class ClaudeCode(ExternalAgent):
         results = [e["result"] for e in _json_events(run.host_logs / "claude.jsonl")
                    if e.get("type") == "result" and isinstance(e.get("result"), str)]
         return results[-1] if results else None
+
+    def status(self, run: AgentRun) -> str | None:
+        ends = [e.get("subtype") for e in _json_events(run.host_logs / "claude.jsonl") if e.get("type") == "result"]
+        return {"success": "submitted", "error_max_turns": "max_turns"}.get(str(ends[-1])) if ends else None
 
 
 class Codex(ExternalAgent):

@@ -192,6 +192,16 @@ def _keep_logs(state: Path, config: ExternalConfig, agent: ExternalAgent, sessio
     return str(target)
 
 
+def _status(result: ExecResult | None, ended: str | None, error: str | None) -> str:
+    """The trajectory status: how the agent says it ended, unless it never ran or hit the
+    time limit (``error``); a failure it does not explain is an ``error`` too."""
+    if result is None or result.timed_out:
+        return "error"
+    if ended is not None:
+        return ended
+    return "error" if error else "submitted"
+
+
 def run_task(agent: ExternalAgent, task: Task, server: AgentServer, config: ExternalConfig,
              run: int = 0) -> Trajectory:
     """Runs ``agent`` once on ``task`` against ``server`` and returns the scored trajectory.
@@ -208,6 +218,7 @@ def run_task(agent: ExternalAgent, task: Task, server: AgentServer, config: Exte
     )
     result: ExecResult | None = None
     answer: str | None = None
+    ended: str | None = None
     verdict = None
     error: str | None = None
     started = time.monotonic()
@@ -221,6 +232,7 @@ def run_task(agent: ExternalAgent, task: Task, server: AgentServer, config: Exte
             prepare_workspace(task, sandbox)
             result = sandbox.exec(agent_command(agent, agent_run, entry), timeout=config.time_limit_s)
             answer = agent.answer(agent_run, result.stdout)
+            ended = agent.status(agent_run)
             verdict = verify_task(task, sandbox, answer)
         if result.timed_out:
             error = f"the agent did not finish within {config.time_limit_s:g} s"
@@ -245,7 +257,7 @@ def run_task(agent: ExternalAgent, task: Task, server: AgentServer, config: Exte
     }
     trajectory = server.recorder.to_trajectory(
         session, task_id=task.id, config=f"ext:{agent.name}", harness=agent.name, passed=passed,
-        status="error" if error else "submitted", metrics=metrics,
+        status=_status(result, ended, error), metrics=metrics,
     )
     trajectory.metrics.setdefault("turns", len(trajectory.turns))
     trajectory.answer = answer

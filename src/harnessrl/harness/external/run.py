@@ -69,8 +69,9 @@ class ExternalConfig:
         model: the model name the agent is told to use (the server answers to any).
         max_steps: the agent's own step or turn limit, where it has one.
         time_limit_s: wall-clock seconds for one agent run; it is killed after that.
-        memory_mb: address space per process in MiB (agents built on V8 or Bun reserve a lot
-            of virtual memory, so this is far above what they use).
+        memory_mb: address space per process in MiB; None: the agent's own need (what it was
+            seen to run with here: 4 GiB for mini-swe-agent and Codex, 8 GiB for Claude Code,
+            16 GiB for opencode and OpenClaw, whose JavaScript engines reserve a lot).
         max_processes: processes and threads of the sandbox user.
         backend: the sandbox backend (auto, bwrap, unshare; ``none`` cannot mount).
         log_dir: keep each run's agent logs under ``log_dir/<agent>/<session>/``.
@@ -82,7 +83,7 @@ class ExternalConfig:
     model: str = "harnessrl"
     max_steps: int = 40
     time_limit_s: float = 900.0
-    memory_mb: int = 65536
+    memory_mb: int | None = None
     max_processes: int = 1024
     backend: str = "auto"
     log_dir: str | None = None
@@ -144,12 +145,12 @@ class AgentServer:
         self.close()
 
 
-def agent_limits(config: ExternalConfig) -> SandboxLimits:
+def agent_limits(config: ExternalConfig, agent: ExternalAgent) -> SandboxLimits:
     """Returns the sandbox limits of one agent run: the whole run is one command."""
     return SandboxLimits(
         timeout_s=config.time_limit_s, cpu_s=max(1, int(config.time_limit_s)),
-        memory_mb=config.memory_mb, max_processes=config.max_processes, file_size_mb=1024,
-        output_bytes=1 << 16,
+        memory_mb=config.memory_mb or agent.memory_mb, max_processes=config.max_processes,
+        file_size_mb=1024, output_bytes=1 << 16,
     )
 
 
@@ -227,7 +228,7 @@ def run_task(agent: ExternalAgent, task: Task, server: AgentServer, config: Exte
         agent.prepare(agent_run)
         mounts = [SandboxMount(str(folder), AGENT_MOUNT), SandboxMount(str(server.folder), SERVE_MOUNT),
                   SandboxMount(str(state), STATE_MOUNT, writable=True)]
-        with open_sandbox(workspace, backend=config.backend, limits=agent_limits(config),
+        with open_sandbox(workspace, backend=config.backend, limits=agent_limits(config, agent),
                           mounts=mounts, env=agent.env(agent_run)) as sandbox:
             prepare_workspace(task, sandbox)
             result = sandbox.exec(agent_command(agent, agent_run, entry), timeout=config.time_limit_s)
@@ -338,7 +339,7 @@ def check_agent(name: str, backend: str = "auto") -> str:
                      api_key="unused", max_steps=1, time_limit_s=120.0, state=state)
     try:
         mounts = [SandboxMount(str(folder), AGENT_MOUNT), SandboxMount(str(state), STATE_MOUNT, writable=True)]
-        limits = agent_limits(ExternalConfig(time_limit_s=120.0))
+        limits = agent_limits(ExternalConfig(time_limit_s=120.0), agent)
         with open_sandbox(backend=backend, limits=limits, mounts=mounts, env=agent.env(probe)) as sandbox:
             result = sandbox.exec(agent.version_command(f"{AGENT_MOUNT}/{entry}"))
     finally:

@@ -24,6 +24,10 @@ from harnessrl.serve.context import ServeContext, parse_completion
 from harnessrl.serve.prompt import PromptRenderer
 from harnessrl.serve.recorder import ConversationRecorder
 
+# Requests with less message text than this are rendered on the event loop (a thread hop
+# costs more than rendering them; earlier messages' ids are cached by the tokenizer).
+INLINE_RENDER_CHARS = 20_000
+
 
 class InvalidRequest(Exception):
     """The request body is malformed; ``param`` names the field (an HTTP 400)."""
@@ -106,21 +110,29 @@ class PolicyBatcher:
         self.policy = policy
         self.max_batch_size = max_batch_size
         self._queue: queue.Queue[tuple[GenerationRequest, concurrent.futures.Future[Generation]] | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._work, name="harnessrl-serve-policy", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
         self.batches = 0  # how many generate calls ran
         self.requests = 0  # how many requests they held
 
     def submit(self, request: GenerationRequest) -> concurrent.futures.Future[Generation]:
-        """Queues one request; returns the future of its generation."""
+        """Queues one request (starting the worker if it is not running); returns the future
+        of its generation."""
+        with self._start_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._work, name="harnessrl-serve-policy", daemon=True)
+                self._thread.start()
         future: concurrent.futures.Future[Generation] = concurrent.futures.Future()
         self._queue.put((request, future))
         return future
 
     def close(self) -> None:
-        """Stops the worker after the queued requests."""
-        self._queue.put(None)
-        self._thread.join(timeout=30)
+        """Stops the worker after the queued requests (a later ``submit`` starts a new one)."""
+        with self._start_lock:
+            thread, self._thread = self._thread, None
+        if thread is not None and thread.is_alive():
+            self._queue.put(None)
+            thread.join(timeout=30)
 
     def _work(self) -> None:
         while True:
@@ -205,7 +217,10 @@ class ServeEngine:
 
     async def complete(self, request: ParsedRequest, session: str | None) -> CompletionSet:
         """Returns the request's completions (raises ``ContextOverflow`` or ``PolicyFailure``)."""
-        prompt = await asyncio.to_thread(self.renderer.render, request.messages, request.tools)
+        if sum(len(m.get("content") or "") for m in request.messages) < INLINE_RENDER_CHARS:
+            prompt = self.renderer.render(request.messages, request.tools)
+        else:  # tokenizing long new text takes milliseconds: keep the event loop free meanwhile
+            prompt = await asyncio.to_thread(self.renderer.render, request.messages, request.tools)
         budget = self.output_budget(request.max_tokens, len(prompt))
         if self.recorder is not None:
             session = self.recorder.assign(request.messages, session)
@@ -221,7 +236,7 @@ class ServeEngine:
         for generation in generations:
             if generation.finish_reason == "error":
                 raise PolicyFailure(generation.error or "the policy returned an error")
-            choices.append(await asyncio.to_thread(self._finish, generation, request))
+            choices.append(self._finish(generation, request))  # decoding and parsing: microseconds
         result = CompletionSet(session, len(prompt), choices)
         first = choices[0]
         reply = {"role": "assistant", "content": first.content, "tool_calls": first.tool_calls}

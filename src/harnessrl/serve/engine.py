@@ -15,14 +15,16 @@ import concurrent.futures
 import queue
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
 from harnessrl.serve.context import ServeContext, parse_completion
 from harnessrl.serve.prompt import PromptRenderer
 from harnessrl.serve.recorder import ConversationRecorder
+
+T = TypeVar("T")
 
 # Requests with less message text than this are rendered on the event loop (a thread hop
 # costs more than rendering them; earlier messages' ids are cached by the tokenizer).
@@ -188,8 +190,8 @@ class ServeEngine:
         max_batch_size: int = 64,
     ) -> None:
         self.policy = policy
-        self.tokenizer = policy.tokenizer
         self.renderer = PromptRenderer(policy.tokenizer)
+        self.stop_token_ids = tuple(policy.tokenizer.stop_token_ids)
         self.recorder = recorder
         self.context_length = context_length or getattr(policy, "context_length", None)
         self.default_max_tokens = default_max_tokens
@@ -217,15 +219,13 @@ class ServeEngine:
 
     async def complete(self, request: ParsedRequest, session: str | None) -> CompletionSet:
         """Returns the request's completions (raises ``ContextOverflow`` or ``PolicyFailure``)."""
-        if sum(len(m.get("content") or "") for m in request.messages) < INLINE_RENDER_CHARS:
-            prompt = self.renderer.render(request.messages, request.tools)
-        else:  # tokenizing long new text takes milliseconds: keep the event loop free meanwhile
-            prompt = await asyncio.to_thread(self.renderer.render, request.messages, request.tools)
+        small = sum(len(m.get("content") or "") for m in request.messages) < INLINE_RENDER_CHARS
+        prompt = await self._tokenizing(small, self.renderer.render, request.messages, request.tools)
         budget = self.output_budget(request.max_tokens, len(prompt))
         if self.recorder is not None:
             session = self.recorder.assign(request.messages, session)
         context = ServeContext(request.api, session, request.messages, request.tools, request.raw)
-        stop_ids = tuple(self.tokenizer.stop_token_ids)
+        stop_ids = self.stop_token_ids
         futures = []
         for choice in range(request.n):
             seed = None if request.seed is None else request.seed + choice
@@ -236,7 +236,7 @@ class ServeEngine:
         for generation in generations:
             if generation.finish_reason == "error":
                 raise PolicyFailure(generation.error or "the policy returned an error")
-            choices.append(self._finish(generation, request))  # decoding and parsing: microseconds
+            choices.append(await self._tokenizing(True, self._finish, generation, request))
         result = CompletionSet(session, len(prompt), choices)
         first = choices[0]
         reply = {"role": "assistant", "content": first.content, "tool_calls": first.tool_calls}
@@ -249,10 +249,22 @@ class ServeEngine:
             )
         return result
 
+    async def _tokenizing(self, small: bool, work: Callable[..., T], *args: Any) -> T:
+        """Returns ``work(*args)``, which uses the renderer's tokenizer: run on the event loop
+        when it is small and the tokenizer is free (a thread hop costs more), else in a
+        thread, so that the loop never waits for the tokenizer."""
+        lock = self.renderer.lock
+        if small and lock.acquire(blocking=False):
+            try:
+                return work(*args)
+            finally:
+                lock.release()
+        return await asyncio.to_thread(work, *args)
+
     def _finish(self, generation: Generation, request: ParsedRequest) -> Completion:
         """Returns the completion of one generation: stop strings applied, tool calls parsed."""
         ids, logprobs = list(generation.token_ids), list(generation.logprobs)
-        ended = bool(ids) and ids[-1] in self.tokenizer.stop_token_ids
+        ended = bool(ids) and ids[-1] in self.stop_token_ids
         text = self.renderer.decode(ids[:-1] if ended else ids)
         finish = "stop" if generation.finish_reason == "stop" else "length"
         matched: str | None = None

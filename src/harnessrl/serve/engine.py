@@ -222,8 +222,9 @@ class ServeEngine:
         small = sum(len(m.get("content") or "") for m in request.messages) < INLINE_RENDER_CHARS
         prompt = await self._tokenizing(small, self.renderer.render, request.messages, request.tools)
         budget = self.output_budget(request.max_tokens, len(prompt))
+        thread = 0
         if self.recorder is not None:
-            session = self.recorder.assign(request.messages, session)
+            session, thread = self.recorder.assign(request.messages, session)
         context = ServeContext(request.api, session, request.messages, request.tools, request.raw)
         stop_ids = self.stop_token_ids
         futures = []
@@ -243,7 +244,7 @@ class ServeEngine:
         self.renderer.remember(reply, first.token_ids)
         if self.recorder is not None and session is not None:
             self.recorder.record(
-                session, api=request.api, messages=request.messages, prompt=prompt,
+                session, thread, api=request.api, messages=request.messages, prompt=prompt,
                 token_ids=first.token_ids, logprobs=first.logprobs, finish_reason=first.finish_reason,
                 text=first.text, reply=reply, policy=getattr(self.policy, "name", "policy"),
             )

@@ -176,6 +176,27 @@ def test_unnamed_requests_are_grouped_by_message_prefix_into_trajectories():
         assert labels.count(SPAN_POLICY) == sum(len(t.completion_ids) for t in trajectory.turns[:2])
 
 
+def test_side_requests_in_a_named_session_get_threads_of_their_own():
+    with running() as (server, _, recorder):
+        api = client(server, "/s/agent-run/v1")
+        history = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "step 0"}]
+        for turn in range(3):
+            reply = api.chat.completions.create(model="m", messages=history)
+            history += [{"role": "assistant", "content": reply.choices[0].message.content},
+                        {"role": "user", "content": f"step {turn + 1}"}]
+            # What agent programs do between turns: a title or summary request of their own.
+            api.chat.completions.create(model="m", messages=[{"role": "system", "content": "Write a title."},
+                                                              {"role": "user", "content": f"conversation {turn}"}])
+    assert recorder.sessions() == ["agent-run"]
+    records = recorder.records("agent-run")
+    assert [r["thread"] for r in records] == [0, 1, 0, 2, 0, 3]
+    trajectory = recorder.to_trajectory("agent-run")
+    assert [t.text for t in trajectory.turns] == ["echo: step 0", "echo: step 1", "echo: step 2"]
+    assert trajectory.metrics["threads"] == 4 and trajectory.metrics["session_requests"] == 6
+    assert len(trajectory.training_samples()) == 1
+    assert recorder.to_trajectory("agent-run", thread=2).turns[0].text == "echo: conversation 1"
+
+
 def test_records_are_written_as_jsonl_and_load_back(tmp_path):
     recorder = ConversationRecorder(tmp_path)
     with running(recorder=recorder) as (server, _, _):

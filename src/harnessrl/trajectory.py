@@ -9,6 +9,7 @@ are trainable.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,13 +29,7 @@ STATUSES: tuple[str, ...] = (
 
 def run_length(labels: Sequence[str]) -> list[tuple[str, int]]:
     """Returns ``labels`` as (label, count) runs."""
-    runs: list[tuple[str, int]] = []
-    for label in labels:
-        if runs and runs[-1][0] == label:
-            runs[-1] = (label, runs[-1][1] + 1)
-        else:
-            runs.append((label, 1))
-    return runs
+    return [(label, sum(1 for _ in run)) for label, run in itertools.groupby(labels)]
 
 
 def expand_runs(runs: Iterable[Sequence[Any]]) -> list[str]:

@@ -15,14 +15,20 @@ import concurrent.futures
 import queue
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
 from harnessrl.serve.context import ServeContext, parse_completion
 from harnessrl.serve.prompt import PromptRenderer
 from harnessrl.serve.recorder import ConversationRecorder
+
+T = TypeVar("T")
+
+# Requests with less message text than this are rendered on the event loop (a thread hop
+# costs more than rendering them; earlier messages' ids are cached by the tokenizer).
+INLINE_RENDER_CHARS = 20_000
 
 
 class InvalidRequest(Exception):
@@ -106,21 +112,29 @@ class PolicyBatcher:
         self.policy = policy
         self.max_batch_size = max_batch_size
         self._queue: queue.Queue[tuple[GenerationRequest, concurrent.futures.Future[Generation]] | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._work, name="harnessrl-serve-policy", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
         self.batches = 0  # how many generate calls ran
         self.requests = 0  # how many requests they held
 
     def submit(self, request: GenerationRequest) -> concurrent.futures.Future[Generation]:
-        """Queues one request; returns the future of its generation."""
+        """Queues one request (starting the worker if it is not running); returns the future
+        of its generation."""
+        with self._start_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._work, name="harnessrl-serve-policy", daemon=True)
+                self._thread.start()
         future: concurrent.futures.Future[Generation] = concurrent.futures.Future()
         self._queue.put((request, future))
         return future
 
     def close(self) -> None:
-        """Stops the worker after the queued requests."""
-        self._queue.put(None)
-        self._thread.join(timeout=30)
+        """Stops the worker after the queued requests (a later ``submit`` starts a new one)."""
+        with self._start_lock:
+            thread, self._thread = self._thread, None
+        if thread is not None and thread.is_alive():
+            self._queue.put(None)
+            thread.join(timeout=30)
 
     def _work(self) -> None:
         while True:
@@ -176,8 +190,8 @@ class ServeEngine:
         max_batch_size: int = 64,
     ) -> None:
         self.policy = policy
-        self.tokenizer = policy.tokenizer
         self.renderer = PromptRenderer(policy.tokenizer)
+        self.stop_token_ids = tuple(policy.tokenizer.stop_token_ids)
         self.recorder = recorder
         self.context_length = context_length or getattr(policy, "context_length", None)
         self.default_max_tokens = default_max_tokens
@@ -205,12 +219,14 @@ class ServeEngine:
 
     async def complete(self, request: ParsedRequest, session: str | None) -> CompletionSet:
         """Returns the request's completions (raises ``ContextOverflow`` or ``PolicyFailure``)."""
-        prompt = await asyncio.to_thread(self.renderer.render, request.messages, request.tools)
+        small = sum(len(m.get("content") or "") for m in request.messages) < INLINE_RENDER_CHARS
+        prompt = await self._tokenizing(small, self.renderer.render, request.messages, request.tools)
         budget = self.output_budget(request.max_tokens, len(prompt))
+        thread = 0
         if self.recorder is not None:
-            session = self.recorder.assign(request.messages, session)
+            session, thread = self.recorder.assign(request.messages, session)
         context = ServeContext(request.api, session, request.messages, request.tools, request.raw)
-        stop_ids = tuple(self.tokenizer.stop_token_ids)
+        stop_ids = self.stop_token_ids
         futures = []
         for choice in range(request.n):
             seed = None if request.seed is None else request.seed + choice
@@ -221,23 +237,35 @@ class ServeEngine:
         for generation in generations:
             if generation.finish_reason == "error":
                 raise PolicyFailure(generation.error or "the policy returned an error")
-            choices.append(await asyncio.to_thread(self._finish, generation, request))
+            choices.append(await self._tokenizing(True, self._finish, generation, request))
         result = CompletionSet(session, len(prompt), choices)
         first = choices[0]
         reply = {"role": "assistant", "content": first.content, "tool_calls": first.tool_calls}
         self.renderer.remember(reply, first.token_ids)
         if self.recorder is not None and session is not None:
             self.recorder.record(
-                session, api=request.api, messages=request.messages, prompt=prompt,
+                session, thread, api=request.api, messages=request.messages, prompt=prompt,
                 token_ids=first.token_ids, logprobs=first.logprobs, finish_reason=first.finish_reason,
                 text=first.text, reply=reply, policy=getattr(self.policy, "name", "policy"),
             )
         return result
 
+    async def _tokenizing(self, small: bool, work: Callable[..., T], *args: Any) -> T:
+        """Returns ``work(*args)``, which uses the renderer's tokenizer: run on the event loop
+        when it is small and the tokenizer is free (a thread hop costs more), else in a
+        thread, so that the loop never waits for the tokenizer."""
+        lock = self.renderer.lock
+        if small and lock.acquire(blocking=False):
+            try:
+                return work(*args)
+            finally:
+                lock.release()
+        return await asyncio.to_thread(work, *args)
+
     def _finish(self, generation: Generation, request: ParsedRequest) -> Completion:
         """Returns the completion of one generation: stop strings applied, tool calls parsed."""
         ids, logprobs = list(generation.token_ids), list(generation.logprobs)
-        ended = bool(ids) and ids[-1] in self.tokenizer.stop_token_ids
+        ended = bool(ids) and ids[-1] in self.stop_token_ids
         text = self.renderer.decode(ids[:-1] if ended else ids)
         finish = "stop" if generation.finish_reason == "stop" else "length"
         matched: str | None = None

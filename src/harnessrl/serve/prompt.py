@@ -15,6 +15,7 @@ Span labels: ``system`` (system prompts and the tool list), ``task`` (user text)
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from collections import OrderedDict
@@ -46,11 +47,16 @@ class PromptRenderer:
     assistant messages this server produced (the most recent ``cache_size`` of them)."""
 
     def __init__(self, tokenizer: ChatTokenizer, cache_size: int = 20_000) -> None:
-        self.tokenizer = tokenizer
+        # A copy of its own: the policy's thread may use the policy's tokenizer meanwhile
+        # (scripted policies tokenize their text), and an HF tokenizer is not safe to call
+        # from two threads at once.
+        try:
+            self.tokenizer = copy.deepcopy(tokenizer)
+        except Exception:  # an uncopyable tokenizer is shared (the lock still orders our calls)
+            self.tokenizer = tokenizer
         self.cache_size = cache_size
         self._sampled: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        # HF tokenizers are not safe to call from several threads at once.
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # every use of self.tokenizer holds it
 
     def remember(self, message: dict[str, Any], token_ids: Sequence[int]) -> None:
         """Records that ``message`` (normalized assistant message) was sampled as ``token_ids``."""

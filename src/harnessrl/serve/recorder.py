@@ -6,8 +6,14 @@ text, the parsed reply and the messages that were new since the conversation's p
 request. Requests are grouped into conversations by the session the client named, else by
 message prefix: a request whose messages start with an earlier request's messages plus that
 request's reply continues that conversation (the longest such match wins); a request that
-repeats an earlier request's messages exactly (a retry) joins it too. With ``record_dir`` each
-record is also appended to ``<record_dir>/<session>.jsonl`` as it happens.
+repeats an earlier request's messages exactly (a retry) joins it too.
+
+Within a conversation, requests are grouped the same way into *threads*: an agent program
+sends side requests (a title, a summary, a sub-agent) through the same session, and each of
+those starts a thread of its own. Every record names its thread (``thread``, from 0), and
+``to_trajectory`` takes one thread, by default the one with the most requests (the agent's
+main loop). With ``record_dir`` each record is also appended to
+``<record_dir>/<session>.jsonl`` as it happens.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import json
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,10 +39,33 @@ def session_file_name(session: str) -> str:
 
 
 @dataclass
-class _Conversation:
-    records: list[dict[str, Any]] = field(default_factory=list)
+class _Thread:
     last_request: list[str] = field(default_factory=list)  # message keys of the last request
     history: list[str] = field(default_factory=list)  # ... and of its reply
+
+    def match(self, keys: list[str]) -> int:
+        """Returns how long a prefix of ``keys`` this thread accounts for (-1: none)."""
+        history = self.history
+        if history and len(history) <= len(keys) and keys[: len(history)] == history:
+            return len(history)
+        if self.last_request and self.last_request == keys:
+            return len(keys)
+        return -1
+
+
+@dataclass
+class _Conversation:
+    records: list[dict[str, Any]] = field(default_factory=list)
+    threads: list[_Thread] = field(default_factory=list)
+
+    def best_thread(self, keys: list[str]) -> tuple[int, int]:
+        """Returns (thread index, match length) of the thread ``keys`` continue best."""
+        best, best_length = -1, -1
+        for index, thread in enumerate(self.threads):
+            length = thread.match(keys)
+            if length > best_length:
+                best, best_length = index, length
+        return best, best_length
 
 
 class ConversationRecorder:
@@ -50,36 +80,39 @@ class ConversationRecorder:
         self._unnamed = 0
 
     # ------------------------------------------------------------ grouping
-    def assign(self, messages: Sequence[dict[str, Any]], session: str | None) -> str:
-        """Returns the conversation of a request: ``session`` when named, else the
-        conversation its messages continue (by prefix), else a new ``conv-N``."""
+    def assign(self, messages: Sequence[dict[str, Any]], session: str | None) -> tuple[str, int]:
+        """Returns the conversation and thread of a request: ``session`` when named, else the
+        conversation its messages continue (by prefix), else a new ``conv-N``; within it, the
+        thread it continues, else a new one."""
+        keys = [message_key(m) for m in messages]
         with self._lock:
-            if session is not None:
-                self._conversations.setdefault(session, _Conversation())
-                return session
-            keys = [message_key(m) for m in messages]
-            best, best_length = None, -1
-            for name, conversation in self._conversations.items():
-                history = conversation.history
-                if history and len(history) <= len(keys) and keys[: len(history)] == history:
-                    if len(history) > best_length:
-                        best, best_length = name, len(history)
-                elif conversation.last_request == keys and len(keys) > best_length:
-                    best, best_length = name, len(keys)
-            if best is not None:
-                return best
-            self._unnamed += 1
-            name = f"conv-{self._unnamed}"
-            while name in self._conversations:
-                self._unnamed += 1
-                name = f"conv-{self._unnamed}"
-            self._conversations[name] = _Conversation()
-            return name
+            if session is None:
+                best_length = -1
+                for name, conversation in self._conversations.items():
+                    _, length = conversation.best_thread(keys)
+                    if length > best_length:
+                        session, best_length = name, length
+                if session is None:
+                    self._unnamed += 1
+                    session = f"conv-{self._unnamed}"
+                    while session in self._conversations:
+                        self._unnamed += 1
+                        session = f"conv-{self._unnamed}"
+            conversation = self._conversations.setdefault(session, _Conversation())
+            thread, length = conversation.best_thread(keys)
+            if length < 0:
+                conversation.threads.append(_Thread())
+                thread = len(conversation.threads) - 1
+            # Claim the thread now, so that a concurrent request with the same messages joins it.
+            if not conversation.threads[thread].last_request:
+                conversation.threads[thread].last_request = keys
+            return session, thread
 
     # ------------------------------------------------------------ recording
     def record(
         self,
         session: str,
+        thread: int = 0,
         *,
         api: str,
         messages: Sequence[dict[str, Any]],
@@ -95,10 +128,14 @@ class ConversationRecorder:
         keys = [message_key(m) for m in messages]
         with self._lock:
             conversation = self._conversations.setdefault(session, _Conversation())
-            seen = conversation.history
+            while len(conversation.threads) <= thread:
+                conversation.threads.append(_Thread())
+            state = conversation.threads[thread]
+            seen = state.history
             known = len(seen) if seen and keys[: len(seen)] == seen else 0
             record = {
                 "session": session,
+                "thread": thread,
                 "index": len(conversation.records),
                 "api": api,
                 "policy": policy,
@@ -113,8 +150,8 @@ class ConversationRecorder:
                 "reply": reply,
             }
             conversation.records.append(record)
-            conversation.last_request = keys
-            conversation.history = [*keys, message_key(reply)]
+            state.last_request = keys
+            state.history = [*keys, message_key(reply)]
             if self.record_dir is not None:
                 with (self.record_dir / session_file_name(session)).open("a", encoding="utf-8") as handle:
                     handle.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -126,12 +163,21 @@ class ConversationRecorder:
         with self._lock:
             return [name for name, c in self._conversations.items() if c.records]
 
-    def records(self, session: str) -> list[dict[str, Any]]:
-        """Returns the records of ``session`` in order (a KeyError names unknown sessions)."""
+    def records(self, session: str, thread: int | None = None) -> list[dict[str, Any]]:
+        """Returns the records of ``session`` (of one ``thread`` if given) in order; a KeyError
+        names unknown sessions."""
         with self._lock:
             if session not in self._conversations:
                 raise KeyError(f"no conversation {session!r}; known: {', '.join(self._conversations) or 'none'}")
-            return list(self._conversations[session].records)
+            records = self._conversations[session].records
+            return [r for r in records if thread is None or r.get("thread", 0) == thread]
+
+    def main_thread(self, session: str) -> int:
+        """Returns the thread of ``session`` with the most requests (the first on a tie)."""
+        counts = Counter(record.get("thread", 0) for record in self.records(session))
+        if not counts:
+            return 0
+        return min(counts, key=lambda thread: (-counts[thread], thread))
 
     @classmethod
     def load(cls, record_dir: str | Path) -> ConversationRecorder:
@@ -155,6 +201,7 @@ class ConversationRecorder:
         self,
         session: str,
         *,
+        thread: int | None = None,
         task_id: str | None = None,
         config: str = "ext:serve",
         harness: str | None = None,
@@ -163,10 +210,13 @@ class ConversationRecorder:
         status: str = "submitted",
         metrics: dict[str, Any] | None = None,
     ) -> Trajectory:
-        """Returns ``session`` as a trajectory: one turn per request, with the exact prompt
-        and sampled ids; each turn's observation is the text of the messages the client sent
-        next. ``reward`` defaults to 1.0 when ``passed`` else 0.0."""
-        records = self.records(session)
+        """Returns one thread of ``session`` (default: ``main_thread``) as a trajectory: one
+        turn per request, with the exact prompt and sampled ids; each turn's observation is
+        the text of the messages the client sent next. ``reward`` defaults to 1.0 when
+        ``passed`` else 0.0; ``metrics`` records the session, thread and request counts."""
+        chosen = self.main_thread(session) if thread is None else thread
+        records = self.records(session, chosen)
+        total = len(self.records(session))
         turns = []
         for index, record in enumerate(records):
             following = records[index + 1]["new_messages"] if index + 1 < len(records) else []
@@ -197,5 +247,9 @@ class ConversationRecorder:
             status=status,
             policy=records[0].get("policy", "") if records else "",
             out_of_space=True,
-            metrics={"requests": len(records), "apis": apis, "session": session, **(metrics or {})},
+            metrics={
+                "requests": len(records), "session_requests": total, "thread": chosen,
+                "threads": len({r.get("thread", 0) for r in self.records(session)}),
+                "apis": apis, "session": session, **(metrics or {}),
+            },
         )

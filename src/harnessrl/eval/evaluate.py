@@ -90,14 +90,10 @@ def evaluate(
     Code, ...) run against the policy served by `harnessrl serve` (see
     `harnessrl.harness.external`), with ``external`` (default: this sandbox ``backend``).
     """
-    from harnessrl.harness.external.run import (
-        evaluate_external,
-        policy_for_external,
-        split_external,
-    )
+    from harnessrl.harness.external.run import EXTERNAL_PREFIX, evaluate_external_targets
 
-    in_space, agents = split_external(harness_names)
-    harnesses = [Harness.named(name, limits) for name in in_space]
+    external_names = [name for name in harness_names if name.startswith(EXTERNAL_PREFIX)]
+    harnesses = [Harness.named(name, limits) for name in harness_names if name not in external_names]
     jobs = [
         RolloutJob(task, harness, seed=seed + run, tags={"run": run})
         for harness in harnesses for task in tasks for run in range(k)
@@ -108,11 +104,8 @@ def evaluate(
         backend=backend, progress=progress,
     )
     trajectories, stats = engine.run(jobs) if jobs else ([], None)
-    if agents:
-        served = policy_for_external(policy, tasks)
-        config = external or ExternalConfig(backend=backend)
-        for name in agents:
-            trajectories += evaluate_external(name, served, tasks, k=k, config=config)
+    trajectories += evaluate_external_targets(
+        external_names, policy, tasks, k=k, config=external or ExternalConfig(backend=backend))
     per_config: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajectories:
         per_config[t.config].append(t)

@@ -5,3 +5,11 @@ cache (`install`), configured and started inside the sandbox on a task's workspa
 loopback networking, pointed at `harnessrl serve` through a relay (`relay`), and scored by the
 task's verifier afterwards (`run`). ``ext:<name>`` names them as evaluation configurations.
 """
+
+
+def external_agent_names() -> list[str]:
+    """Returns the names of the external agents harnessrl knows (``ext:<name>`` in evaluation);
+    whether one is installed is checked when it runs (`harnessrl external install NAME`)."""
+    from harnessrl.harness.external.agents import AGENTS
+
+    return list(AGENTS)

@@ -348,3 +348,18 @@ def check_agent(name: str, backend: str = "auto") -> str:
         raise RuntimeError(f"{name} does not run in the sandbox (exit {result.exit_code}):"
                            f" {(result.stderr or result.stdout).strip()[-800:]}")
     return result.stdout.strip()
+
+
+def evaluate_external_targets(names: Sequence[str], policy: Policy, tasks: Sequence[Task], k: int = 1,
+                              config: ExternalConfig | None = None) -> list[Trajectory]:
+    """Runs every ``ext:<name>`` evaluation target k times on every task and returns the
+    trajectories: the evaluation's one entry point for external agents. The oracle is served
+    as gold replay (`policy_for_external`); ``names`` without the prefix are refused."""
+    _harnesses, agents = split_external(names)
+    if _harnesses:
+        raise ValueError(f"not external targets (ext:<name>): {', '.join(_harnesses)}")
+    served = policy_for_external(policy, tasks) if agents else policy
+    trajectories: list[Trajectory] = []
+    for name in agents:
+        trajectories += evaluate_external(name, served, tasks, k=k, config=config)
+    return trajectories

@@ -180,6 +180,8 @@ def test_unknown_agents_and_bad_configs_are_clear_errors() -> None:
         ExternalConfig(max_steps=0)
     with pytest.raises(ValueError, match="model"):
         ExternalConfig(model="two words")
+    with pytest.raises(ValueError, match="real sandbox"):
+        ExternalConfig(backend="none")
     assert set(AGENTS) == {"mini-swe-agent", "claude-code", "codex", "opencode", "openclaw"}
 
 

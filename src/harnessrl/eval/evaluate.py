@@ -8,7 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harnessrl.eval.metrics import avg_at_k, bootstrap_ci, mean_pass_at_k
-from harnessrl.harness.external.run import ExternalConfig
+from harnessrl.harness.external.run import (
+    EXTERNAL_PREFIX,
+    ExternalConfig,
+    evaluate_external_targets,
+)
 from harnessrl.harness.harness import Harness, HarnessLimits
 from harnessrl.policy.base import Policy, SamplingParams
 from harnessrl.rollout import RolloutEngine, RolloutJob, RolloutStats
@@ -90,8 +94,6 @@ def evaluate(
     Code, ...) run against the policy served by `harnessrl serve` (see
     `harnessrl.harness.external`), with ``external`` (default: this sandbox ``backend``).
     """
-    from harnessrl.harness.external.run import EXTERNAL_PREFIX, evaluate_external_targets
-
     external_names = [name for name in harness_names if name.startswith(EXTERNAL_PREFIX)]
     harnesses = [Harness.named(name, limits) for name in harness_names if name not in external_names]
     jobs = [
@@ -104,8 +106,9 @@ def evaluate(
         backend=backend, progress=progress,
     )
     trajectories, stats = engine.run(jobs) if jobs else ([], None)
-    trajectories += evaluate_external_targets(
-        external_names, policy, tasks, k=k, config=external or ExternalConfig(backend=backend))
+    if external_names:
+        trajectories += evaluate_external_targets(
+            external_names, policy, tasks, k=k, config=external or ExternalConfig(backend=backend))
     per_config: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajectories:
         per_config[t.config].append(t)

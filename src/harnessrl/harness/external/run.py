@@ -73,7 +73,7 @@ class ExternalConfig:
             seen to run with here: 4 GiB for mini-swe-agent and Codex, 8 GiB for Claude Code,
             16 GiB for opencode and OpenClaw, whose JavaScript engines reserve a lot).
         max_processes: processes and threads of the sandbox user.
-        backend: the sandbox backend (auto, bwrap, unshare; ``none`` cannot mount).
+        backend: the sandbox backend: auto, bwrap or unshare (``none`` cannot mount).
         log_dir: keep each run's agent logs under ``log_dir/<agent>/<session>/``.
         max_tokens: the server's output limit for requests that name none (litellm sends
             none); None: 65,536 for policies that write bytewise (scripted ones write whole
@@ -96,6 +96,10 @@ class ExternalConfig:
             raise ValueError(f"ExternalConfig.max_steps must be >= 1, got {self.max_steps}")
         if not self.time_limit_s > 0:
             raise ValueError(f"ExternalConfig.time_limit_s must be > 0, got {self.time_limit_s}")
+        if self.backend not in ("auto", "bwrap", "unshare"):
+            raise ValueError(
+                f"ExternalConfig.backend must be auto, bwrap or unshare, got {self.backend!r} (an"
+                " external agent always runs in a real sandbox: 'none' cannot mount its folders)")
 
 
 class AgentServer:

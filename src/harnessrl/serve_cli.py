@@ -47,6 +47,11 @@ def checkpoint_model_folder(path: str) -> Path:
     for candidate in ([step / "model"] if step else []) + [folder / "model", folder]:
         if (candidate / "config.json").is_file():
             return candidate
+        if (candidate / "adapter_config.json").is_file():
+            raise ValueError(
+                f"--checkpoint {path!r} is a LoRA checkpoint (an adapter only); serving adapters is "
+                "not supported yet: merge it into its base model (peft merge_and_unload) and pass that folder"
+            )
     raise FileNotFoundError(f"--checkpoint {path!r} holds no model (no config.json in it, its model/ or checkpoints/)")
 
 
@@ -55,6 +60,11 @@ def load_policy(args: argparse.Namespace) -> Policy:
         from harnessrl.policy.hf import HFPolicy
 
         return HFPolicy(checkpoint_model_folder(args.checkpoint))
+    if args.policy == "oracle":
+        raise ValueError(
+            "the oracle replays gold solutions inside harnessrl episodes and cannot answer API "
+            "requests; use --policy embedded, hf:<folder>, openai:<model>@<url> or random"
+        )
     return make_policy(args.policy, seed=args.seed)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import queue
 import threading
 import uuid
@@ -243,11 +244,18 @@ class ServeEngine:
         reply = {"role": "assistant", "content": first.content, "tool_calls": first.tool_calls}
         self.renderer.remember(reply, first.token_ids)
         if self.recorder is not None and session is not None:
-            self.recorder.record(
-                session, thread, api=request.api, messages=request.messages, prompt=prompt,
-                token_ids=first.token_ids, logprobs=first.logprobs, finish_reason=first.finish_reason,
-                text=first.text, reply=reply, policy=getattr(self.policy, "name", "policy"),
+            record = functools.partial(
+                self.recorder.record, session, thread, api=request.api, messages=request.messages,
+                prompt=prompt, token_ids=first.token_ids, logprobs=first.logprobs,
+                finish_reason=first.finish_reason, text=first.text, reply=reply,
+                policy=getattr(self.policy, "name", "policy"),
             )
+            # Recorded before the answer goes out, so the client's next request finds it;
+            # writing the JSONL line (the prompt's ids) happens off the event loop.
+            if self.recorder.record_dir is None:
+                record()
+            else:
+                await asyncio.to_thread(record)
         return result
 
     async def _tokenizing(self, small: bool, work: Callable[..., T], *args: Any) -> T:

@@ -99,15 +99,16 @@ def test_streaming_chat_completion_with_tool_call_deltas_and_usage():
 
 
 def test_stop_strings_cut_text_and_recorded_ids():
-    with running(Scripted(lambda context: "alpha beta END gamma")) as (server, _, recorder):
+    with running(Scripted(lambda context: "alpha béta END gamma")) as (server, _, recorder):
         reply = client(server).chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "x"}], stop=["END", "beta"]
+            model="m", messages=[{"role": "user", "content": "x"}], stop=["END", "béta"]
         )
     assert reply.choices[0].message.content == "alpha "
     assert reply.choices[0].finish_reason == "stop"
     (record,) = recorder.records(recorder.sessions()[0])
-    assert ByteTokenizer().decode(record["completion_ids"]) == "alpha beta"
-    assert reply.usage.completion_tokens == len("alpha beta")
+    # The sampled ids are kept up to the one that completed the stop string (é is two bytes).
+    assert ByteTokenizer().decode(record["completion_ids"]) == "alpha béta"
+    assert reply.usage.completion_tokens == len("alpha béta".encode())
 
 
 def test_max_tokens_and_context_window_limit_the_output():

@@ -293,11 +293,16 @@ class ServeEngine:
 
     def _ids_covering(self, ids: Sequence[int], chars: int) -> int:
         """Returns the fewest leading ids whose text is at least ``chars`` characters long
-        (the sampled ids up to and including the one that completed a stop string)."""
-        for count in range(1, len(ids) + 1):
-            if len(self.renderer.decode(ids[:count])) >= chars:
-                return count
-        return len(ids)
+        (the sampled ids up to and including the one that completed a stop string). A
+        binary search: the text of a prefix grows with the prefix."""
+        low, high = 1, len(ids)
+        while low < high:
+            middle = (low + high) // 2
+            if len(self.renderer.decode(ids[:middle])) >= chars:
+                high = middle
+            else:
+                low = middle + 1
+        return high
 
 
 def _first_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:

@@ -276,3 +276,13 @@ def test_server_thread_serves_on_a_unix_socket(tmp_path):
         reply = api.chat.completions.create(model="uds-model", messages=[{"role": "user", "content": "via socket"}])
         assert reply.choices[0].message.content == "echo: via socket"
     assert not server._thread
+
+
+def test_sdk_stream_helper_accumulates_tool_calls():
+    with running() as (server, _, _), client(server).chat.completions.stream(
+        model="m", messages=[{"role": "user", "content": "Weather in Quito?"}], tools=TOOLS
+    ) as stream:
+        final = stream.get_final_completion()
+    (call,) = final.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Quito"}
+    assert final.choices[0].finish_reason == "tool_calls" and final.choices[0].message.content == "Let me check."

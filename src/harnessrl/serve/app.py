@@ -109,12 +109,13 @@ def create_app(
     def check_key(request: Request) -> None:
         if api_key is None:
             return
-        given = request.headers.get("x-api-key") or ""
         authorization = request.headers.get("authorization") or ""
-        if authorization.lower().startswith("bearer "):
-            given = given or authorization[7:].strip()
-        if not secrets.compare_digest(given.encode(), api_key.encode()):
-            raise ApiError(401, "authentication_error", "invalid API key", code="invalid_api_key")
+        bearer = authorization[7:].strip() if authorization.lower().startswith("bearer ") else ""
+        given = [request.headers.get("x-api-key") or "", bearer]
+        if not any(secrets.compare_digest(key.encode(), api_key.encode()) for key in given):
+            # OpenAI calls a wrong key an invalid request; Anthropic an authentication error.
+            kind = "authentication_error" if family_of(request.url.path) == ANTHROPIC else "invalid_request_error"
+            raise ApiError(401, kind, "invalid API key", code="invalid_api_key")
 
     async def read_body(request: Request) -> dict[str, Any]:
         raw = await request.body()

@@ -101,14 +101,18 @@ def test_streaming_chat_completion_with_tool_call_deltas_and_usage():
 
 def test_stop_strings_cut_text_and_recorded_ids():
     with running(Scripted(lambda context: "alpha béta END gamma")) as (server, _, recorder):
-        reply = client(server).chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "x"}], stop=["END", "béta"]
-        )
+        api = client(server)
+        reply = api.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stop=["END", "béta"])
+        # The next prompt shows the reply as the client has it, not the cut ids.
+        api.chat.completions.create(model="m", messages=[
+            {"role": "user", "content": "x"}, {"role": "assistant", "content": "alpha "}, {"role": "user", "content": "y"}])
     assert reply.choices[0].message.content == "alpha "
     assert reply.choices[0].finish_reason == "stop"
-    (record,) = recorder.records(recorder.sessions()[0])
+    record, following = recorder.records(recorder.sessions()[0])
     # The sampled ids are kept up to the one that completed the stop string (é is two bytes).
     assert ByteTokenizer().decode(record["completion_ids"]) == "alpha béta"
+    shown = ByteTokenizer().decode(following["prompt_ids"])
+    assert "<|im_start|>assistant\nalpha <|im_end|>" in shown and "béta" not in shown
     assert reply.usage.completion_tokens == len("alpha béta".encode())
 
 

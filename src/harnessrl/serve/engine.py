@@ -242,7 +242,10 @@ class ServeEngine:
         result = CompletionSet(session, len(prompt), choices)
         first = choices[0]
         reply = {"role": "assistant", "content": first.content, "tool_calls": first.tool_calls}
-        self.renderer.remember(reply, first.token_ids)
+        if first.finish_reason != "stop_sequence":
+            # Cut at a stop string, the ids hold text the client never saw (the stop string
+            # and what its last token carried): that reply is rendered from its text instead.
+            self.renderer.remember(reply, first.token_ids)
         if self.recorder is not None and session is not None:
             record = functools.partial(
                 self.recorder.record, session, thread, api=request.api, messages=request.messages,

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from harnessrl.harness.chat import RenderedPrompt
 from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
 from harnessrl.serve.context import ServeContext, parse_completion
 from harnessrl.serve.prompt import PromptRenderer
@@ -99,6 +100,16 @@ class CompletionSet:
     @property
     def completion_tokens(self) -> int:
         return sum(len(choice.token_ids) for choice in self.choices)
+
+
+@dataclass
+class PendingCompletion:
+    """A request that is queued: its conversation, prompt size, and the task that finishes it
+    (its result is the ``CompletionSet``; it raises ``PolicyFailure``)."""
+
+    session: str | None
+    prompt_tokens: int
+    task: asyncio.Future[CompletionSet]
 
 
 def new_id(prefix: str) -> str:
@@ -220,6 +231,12 @@ class ServeEngine:
 
     async def complete(self, request: ParsedRequest, session: str | None) -> CompletionSet:
         """Returns the request's completions (raises ``ContextOverflow`` or ``PolicyFailure``)."""
+        return await (await self.start(request, session)).task
+
+    async def start(self, request: ParsedRequest, session: str | None) -> PendingCompletion:
+        """Renders ``request``, checks it against the context window (raising
+        ``ContextOverflow``) and queues it; returns at once with the task that finishes it
+        (streams begin while the policy works)."""
         small = sum(len(m.get("content") or "") for m in request.messages) < INLINE_RENDER_CHARS
         prompt = await self._tokenizing(small, self.renderer.render, request.messages, request.tools)
         budget = self.output_budget(request.max_tokens, len(prompt))
@@ -227,12 +244,20 @@ class ServeEngine:
         if self.recorder is not None:
             session, thread = self.recorder.assign(request.messages, session)
         context = ServeContext(request.api, session, request.messages, request.tools, request.raw)
-        stop_ids = self.stop_token_ids
         futures = []
         for choice in range(request.n):
             seed = None if request.seed is None else request.seed + choice
-            params = SamplingParams(request.temperature, request.top_p, budget, stop_ids, seed)
+            params = SamplingParams(request.temperature, request.top_p, budget, self.stop_token_ids, seed)
             futures.append(asyncio.wrap_future(self.batcher.submit(GenerationRequest(list(prompt.ids), params, context))))
+        task = asyncio.ensure_future(self._complete(request, session, thread, prompt, futures))
+        # A stream whose client went away never awaits its task: retrieve its error anyway.
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return PendingCompletion(session, len(prompt), task)
+
+    async def _complete(
+        self, request: ParsedRequest, session: str | None, thread: int, prompt: RenderedPrompt,
+        futures: list[asyncio.Future[Generation]],
+    ) -> CompletionSet:
         generations = await asyncio.gather(*futures)
         choices = []
         for generation in generations:

@@ -7,7 +7,8 @@ content, and ``is_error``; images and documents become a ``[image]``-style place
 ``thinking`` blocks are dropped); a ``system`` role mid-conversation; ``tools`` with
 ``input_schema`` (server tools without a schema are left out; ``tool_choice: {"type":
 "none"}`` leaves them all out); ``max_tokens``; ``stop_sequences``; ``temperature``;
-``top_p``; ``stream``. The stream begins with ``message_start`` and ``ping`` events at once
+``top_p``; ``stream``; a final assistant message (without tool calls) is a prefill: the
+prompt ends with it and the answer holds only its continuation. The stream begins with ``message_start`` and ``ping`` events at once
 (and a ``ping`` every few seconds while the policy works); once the completion is known,
 per block ``content_block_start`` / deltas (``text_delta``, ``input_json_delta``) /
 ``content_block_stop``, then ``message_delta`` with the stop reason and ``message_stop``
@@ -133,8 +134,14 @@ def parse_messages_request(body: dict[str, Any], count_only: bool = False) -> Pa
     """Returns the parsed request (raises ``InvalidRequest`` naming the bad field)."""
     messages = normalize_messages(body)
     tools = normalize_tools(body)
+    prefill = ""
+    if messages[-1]["role"] == "assistant" and not messages[-1]["tool_calls"]:
+        # A final assistant message is the start of the answer: the model continues it.
+        prefill = messages.pop()["content"]
+        if not any(m["role"] != "system" for m in messages):
+            raise InvalidRequest("messages: the first message must use the \"user\" role", "messages")
     if count_only:
-        return ParsedRequest(api=API_MESSAGES, messages=messages, tools=tools, raw=body)
+        return ParsedRequest(api=API_MESSAGES, messages=messages, tools=tools, raw=body, prefill=prefill)
     temperature, top_p = fields.sampling(body, max_temperature=1.0)
     return ParsedRequest(
         api=API_MESSAGES,
@@ -146,6 +153,7 @@ def parse_messages_request(body: dict[str, Any], count_only: bool = False) -> Pa
         stop=fields.string_list(body.get("stop_sequences"), "stop_sequences", limit=64),
         stream=fields.optional_bool(body, "stream"),
         raw=body,
+        prefill=prefill,
     )
 
 

@@ -69,6 +69,8 @@ class ParsedRequest:
     n: int = 1
     stream: bool = False
     raw: dict[str, Any] = field(default_factory=dict)
+    # the start of the answer, given by the client (an Anthropic final assistant message)
+    prefill: str = ""
     # what one API carries from parsing to its response (e.g. the Responses API's custom tools)
     state: dict[str, Any] = field(default_factory=dict)
 
@@ -215,7 +217,7 @@ class ServeEngine:
 
     def count_tokens(self, request: ParsedRequest) -> int:
         """Returns the number of prompt tokens ``request`` renders to."""
-        return len(self.renderer.render(request.messages, request.tools))
+        return len(self.renderer.render(request.messages, request.tools, request.prefill))
 
     def output_budget(self, requested: int | None, prompt_tokens: int) -> int:
         """Returns how many tokens may be sampled: the request's limit (or the default),
@@ -238,12 +240,12 @@ class ServeEngine:
         ``ContextOverflow``) and queues it; returns at once with the task that finishes it
         (streams begin while the policy works)."""
         small = sum(len(m.get("content") or "") for m in request.messages) < INLINE_RENDER_CHARS
-        prompt = await self._tokenizing(small, self.renderer.render, request.messages, request.tools)
+        prompt = await self._tokenizing(small, self.renderer.render, request.messages, request.tools, request.prefill)
         budget = self.output_budget(request.max_tokens, len(prompt))
         thread = 0
         if self.recorder is not None:
             session, thread = self.recorder.assign(request.messages, session)
-        context = ServeContext(request.api, session, request.messages, request.tools, request.raw)
+        context = ServeContext(request.api, session, request.messages, request.tools, request.raw, request.prefill)
         futures = []
         for choice in range(request.n):
             seed = None if request.seed is None else request.seed + choice
@@ -266,10 +268,13 @@ class ServeEngine:
             choices.append(await self._tokenizing(True, self._finish, generation, request))
         result = CompletionSet(session, len(prompt), choices)
         first = choices[0]
-        reply = {"role": "assistant", "content": first.content, "tool_calls": first.tool_calls}
-        if first.finish_reason != "stop_sequence":
+        # What the client will send back: the prefill and its continuation as one message.
+        content = request.prefill + first.content if request.prefill else first.content
+        reply = {"role": "assistant", "content": content, "tool_calls": first.tool_calls}
+        if first.finish_reason != "stop_sequence" and not request.prefill:
             # Cut at a stop string, the ids hold text the client never saw (the stop string
-            # and what its last token carried): that reply is rendered from its text instead.
+            # and what its last token carried); after a prefill, the message holds text the
+            # policy did not sample: such replies are rendered from their text next time.
             self.renderer.remember(reply, first.token_ids)
         if self.recorder is not None and session is not None:
             record = functools.partial(

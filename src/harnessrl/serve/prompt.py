@@ -101,10 +101,16 @@ class PromptRenderer:
                     out.append(Message("assistant", text, SPAN_REMINDER))
         return out
 
-    def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> RenderedPrompt:
-        """Returns the prompt ids (ending with the assistant header) and their span labels."""
+    def render(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]], prefill: str = ""
+    ) -> RenderedPrompt:
+        """Returns the prompt ids (ending with the assistant header, then the ``prefill``
+        text the answer must continue, if any) and their span labels."""
         with self.lock:
-            return self.tokenizer.render(self.chat_messages(messages, tools))
+            prompt = self.tokenizer.render(self.chat_messages(messages, tools))
+            if prefill:
+                prompt.extend(self.tokenizer.encode(prefill), SPAN_REMINDER)
+            return prompt
 
     def decode(self, ids: Sequence[int]) -> str:
         with self.lock:

@@ -25,7 +25,7 @@ def test_serve_process_answers_on_a_unix_socket_and_records(tmp_path):
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(
         [sys.executable, "-m", "harnessrl.cli", "serve", "--policy", "random", "--uds", str(socket_path),
-         "--record-dir", str(records), "--api-key", "k"],
+         "--record-dir", str(records), "--api-key", "k", "--context-tokens", "300"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
@@ -36,11 +36,14 @@ def test_serve_process_answers_on_a_unix_socket_and_records(tmp_path):
             response = client.post("/s/task-3/v1/chat/completions", headers={"Authorization": "Bearer k"},
                                    json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40})
             refused = client.get("/v1/models")
+            too_long = client.post("/v1/messages", headers={"x-api-key": "k"},
+                                   json={"max_tokens": 5, "messages": [{"role": "user", "content": "z" * 400}]})
     finally:
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=30)
     assert response.status_code == 200, output
     assert refused.status_code == 401
+    assert too_long.status_code == 400 and "> 300 maximum" in too_long.json()["error"]["message"]
     assert process.returncode == 0, output
     (line,) = (records / "task-3.jsonl").read_text().splitlines()
     record = json.loads(line)

@@ -30,6 +30,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--record-dir", default=None, help="append every exchange to <dir>/<session>.jsonl")
     p.add_argument("--model-name", default=None, help="model id to report (default: the policy's name)")
     p.add_argument("--max-tokens", type=int, default=1024, help="output tokens when a request names no limit")
+    p.add_argument("--context-tokens", type=int, default=None, help="context window (default: the model's)")
     p.add_argument("--max-batch-size", type=int, default=64, help="requests per policy batch")
     p.add_argument("--seed", type=int, default=0, help="seed for scripted policies")
     p.set_defaults(func=run_serve)
@@ -78,6 +79,7 @@ def run_serve(args: argparse.Namespace) -> int:
     app = create_app(
         policy, model_name=args.model_name, api_key=args.api_key, recorder=recorder,
         default_max_tokens=args.max_tokens, max_batch_size=args.max_batch_size,
+        context_length=args.context_tokens,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -147,3 +147,20 @@ def test_malformed_messages_requests_get_anthropic_shaped_errors():
             assert response.json()["type"] == "error" and response.json()["error"]["type"] == "invalid_request_error"
         broken = httpx.post(url, content=b"{", headers=headers)
         assert broken.status_code == 400 and broken.json()["type"] == "error"
+
+
+def test_final_assistant_message_is_a_prefill_the_answer_continues():
+    with running(Scripted(lambda context: f" 42 (after {context.prefill!r})")) as (server, policy, recorder):
+        api = client(server)
+        question = [{"role": "user", "content": "What is six times seven?"}]
+        reply = api.messages.create(model="m", max_tokens=50, messages=[*question, {"role": "assistant", "content": "The answer is"}])
+        assert reply.content[0].text == " 42 (after 'The answer is')"  # only the continuation
+        follow_up = [*question, {"role": "assistant", "content": "The answer is 42 (after 'The answer is')"},
+                     {"role": "user", "content": "Thanks"}]
+        api.messages.create(model="m", max_tokens=50, messages=follow_up)
+    assert policy.contexts[0].prefill == "The answer is"
+    assert [m["role"] for m in policy.contexts[0].messages] == ["user"]
+    (session,) = recorder.sessions()  # the follow-up continues the prefilled exchange
+    first, _ = recorder.records(session)
+    assert ByteTokenizer().decode(first["prompt_ids"]).endswith("<|im_start|>assistant\nThe answer is")
+    assert first["prompt_spans"][-1] == ["reminder", len("The answer is")]

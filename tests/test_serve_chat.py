@@ -12,6 +12,7 @@ import pytest
 
 from harnessrl.harness.base import SPAN_POLICY
 from harnessrl.harness.chat import ByteTokenizer
+from harnessrl.policy.base import Generation
 from harnessrl.serve.app import create_app
 from harnessrl.serve.prompt import PromptRenderer
 from harnessrl.serve.recorder import ConversationRecorder
@@ -99,15 +100,20 @@ def test_streaming_chat_completion_with_tool_call_deltas_and_usage():
 
 
 def test_stop_strings_cut_text_and_recorded_ids():
-    with running(Scripted(lambda context: "alpha beta END gamma")) as (server, _, recorder):
-        reply = client(server).chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "x"}], stop=["END", "beta"]
-        )
+    with running(Scripted(lambda context: "alpha béta END gamma")) as (server, _, recorder):
+        api = client(server)
+        reply = api.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stop=["END", "béta"])
+        # The next prompt shows the reply as the client has it, not the cut ids.
+        api.chat.completions.create(model="m", messages=[
+            {"role": "user", "content": "x"}, {"role": "assistant", "content": "alpha "}, {"role": "user", "content": "y"}])
     assert reply.choices[0].message.content == "alpha "
     assert reply.choices[0].finish_reason == "stop"
-    (record,) = recorder.records(recorder.sessions()[0])
-    assert ByteTokenizer().decode(record["completion_ids"]) == "alpha beta"
-    assert reply.usage.completion_tokens == len("alpha beta")
+    record, following = recorder.records(recorder.sessions()[0])
+    # The sampled ids are kept up to the one that completed the stop string (é is two bytes).
+    assert ByteTokenizer().decode(record["completion_ids"]) == "alpha béta"
+    shown = ByteTokenizer().decode(following["prompt_ids"])
+    assert "<|im_start|>assistant\nalpha <|im_end|>" in shown and "béta" not in shown
+    assert reply.usage.completion_tokens == len("alpha béta".encode())
 
 
 def test_max_tokens_and_context_window_limit_the_output():
@@ -275,3 +281,55 @@ def test_server_thread_serves_on_a_unix_socket(tmp_path):
         reply = api.chat.completions.create(model="uds-model", messages=[{"role": "user", "content": "via socket"}])
         assert reply.choices[0].message.content == "echo: via socket"
     assert not server._thread
+
+
+def test_sdk_stream_helper_accumulates_tool_calls():
+    with running() as (server, _, _), client(server).chat.completions.stream(
+        model="m", messages=[{"role": "user", "content": "Weather in Quito?"}], tools=TOOLS
+    ) as stream:
+        final = stream.get_final_completion()
+    (call,) = final.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Quito"}
+    assert final.choices[0].finish_reason == "tool_calls" and final.choices[0].message.content == "Let me check."
+
+
+def test_generation_does_not_block_the_event_loop():
+    release, started = threading.Event(), threading.Event()
+    policy = Scripted()
+    inner = policy.generate
+
+    def slow(requests):
+        started.set()
+        release.wait(timeout=30)
+        return inner(requests)
+
+    policy.generate = slow
+    with running(policy) as (server, _, _):
+        answer = {}
+        asking = threading.Thread(target=lambda: answer.setdefault("reply", client(server).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "slow"}])))
+        asking.start()
+        assert started.wait(timeout=30)
+        # While the policy is busy, the server still answers other requests.
+        assert httpx.get(server.base_url + "/health", timeout=10).json()["status"] == "ok"
+        assert [m.id for m in client(server).models.list()] == ["test-model"]
+        release.set()
+        asking.join()
+    assert answer["reply"].choices[0].message.content == "echo: slow"
+
+
+class FailingPolicy(Scripted):
+    def generate(self, requests):
+        return [Generation([], [], "error", error="out of memory") for _ in requests]
+
+
+def test_policy_errors_are_500s_in_each_apis_shape():
+    with running(FailingPolicy()) as (server, _, recorder):
+        chat = httpx.post(server.base_url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+        messages = httpx.post(server.base_url + "/v1/messages", json={"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})
+        responses = httpx.post(server.base_url + "/v1/responses", json={"input": "x"})
+    assert chat.status_code == messages.status_code == responses.status_code == 500
+    assert chat.json()["error"]["type"] == "server_error" and "out of memory" in chat.json()["error"]["message"]
+    assert responses.json()["error"]["type"] == "server_error"
+    assert messages.json() == {"type": "error", "error": {"type": "api_error", "message": "out of memory"}}
+    assert recorder.sessions() == []  # nothing was sampled, nothing recorded

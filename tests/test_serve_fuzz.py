@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 
+import anthropic
 import httpx
+import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -15,6 +18,7 @@ from harnessrl.policy.scripted import RandomPolicy
 from harnessrl.serve.app import create_app
 from harnessrl.serve.recorder import ConversationRecorder
 from harnessrl.serve.runner import ServerThread
+from serve_helpers import Scripted
 
 KEYS = [
     "model", "messages", "role", "content", "type", "text", "tools", "function", "name", "parameters",
@@ -125,3 +129,45 @@ def test_undecodable_bodies_get_400s_and_the_server_keeps_serving(server, conten
             response = client.post(route, content=content)
             assert response.status_code == 400, (route, content)
         assert client.post("/v1/chat/completions", json=VALID["/v1/chat/completions"]).status_code == 200
+
+
+def test_concurrent_mixed_traffic_gets_every_answer_right():
+    """Streaming and plain requests of all three APIs and malformed bodies, all at once."""
+    app = create_app(Scripted(), recorder=ConversationRecorder())
+    results: dict[int, object] = {}
+
+    def ask(index: int, base_url: str) -> None:
+        word = f"word{index}"
+        kind = index % 5
+        try:
+            if kind == 0:
+                api = openai.OpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0)
+                results[index] = api.chat.completions.create(model="m", messages=[{"role": "user", "content": word}]).choices[0].message.content
+            elif kind == 1:
+                api = openai.OpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0)
+                stream = api.chat.completions.create(model="m", messages=[{"role": "user", "content": word}], stream=True)
+                results[index] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+            elif kind == 2:
+                api = anthropic.Anthropic(base_url=base_url, api_key="x", max_retries=0)
+                with api.messages.stream(model="m", max_tokens=50, messages=[{"role": "user", "content": word}]) as stream:
+                    results[index] = stream.get_final_text()
+            elif kind == 3:
+                api = openai.OpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0)
+                events = api.responses.create(model="m", input=word, stream=True)
+                results[index] = next(e.response.output_text for e in events if e.type == "response.completed")
+            else:
+                response = httpx.post(base_url + "/v1/messages", content=b'{"messages": [{"role": 7}]}')
+                results[index] = response.status_code
+        except Exception as exc:  # recorded, so the assertion below shows it
+            results[index] = exc
+
+    with ServerThread(app) as server:
+        threads = [threading.Thread(target=ask, args=(i, server.base_url)) for i in range(30)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        health = httpx.get(server.base_url + "/health").json()
+    expected = {i: 400 if i % 5 == 4 else f"echo: word{i}" for i in range(30)}
+    assert results == expected
+    assert health["requests"] == 24 and health["batches"] <= 24

@@ -119,3 +119,13 @@ def test_malformed_responses_requests_get_openai_shaped_400s():
             response = httpx.post(url, json=body)
             assert response.status_code == 400, body
             assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_sdk_stream_helper_accumulates_the_same_response():
+    with running() as (server, _, _), client(server).responses.stream(
+        model="m", input="Weather in Nuuk?", tools=TOOLS
+    ) as stream:
+        final = stream.get_final_response()
+    assert [item.type for item in final.output] == ["message", "function_call"]
+    assert final.output_text == "Let me check."
+    assert json.loads(final.output[1].arguments) == {"city": "Nuuk"}

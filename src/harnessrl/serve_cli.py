@@ -30,6 +30,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--record-dir", default=None, help="append every exchange to <dir>/<session>.jsonl")
     p.add_argument("--model-name", default=None, help="model id to report (default: the policy's name)")
     p.add_argument("--max-tokens", type=int, default=1024, help="output tokens when a request names no limit")
+    p.add_argument("--context-tokens", type=int, default=None, help="context window (default: the model's)")
     p.add_argument("--max-batch-size", type=int, default=64, help="requests per policy batch")
     p.add_argument("--seed", type=int, default=0, help="seed for scripted policies")
     p.set_defaults(func=run_serve)
@@ -47,6 +48,11 @@ def checkpoint_model_folder(path: str) -> Path:
     for candidate in ([step / "model"] if step else []) + [folder / "model", folder]:
         if (candidate / "config.json").is_file():
             return candidate
+        if (candidate / "adapter_config.json").is_file():
+            raise ValueError(
+                f"--checkpoint {path!r} is a LoRA checkpoint (an adapter only); serving adapters is "
+                "not supported yet: merge it into its base model (peft merge_and_unload) and pass that folder"
+            )
     raise FileNotFoundError(f"--checkpoint {path!r} holds no model (no config.json in it, its model/ or checkpoints/)")
 
 
@@ -55,6 +61,11 @@ def load_policy(args: argparse.Namespace) -> Policy:
         from harnessrl.policy.hf import HFPolicy
 
         return HFPolicy(checkpoint_model_folder(args.checkpoint))
+    if args.policy == "oracle":
+        raise ValueError(
+            "the oracle replays gold solutions inside harnessrl episodes and cannot answer API "
+            "requests; use --policy embedded, hf:<folder>, openai:<model>@<url> or random"
+        )
     return make_policy(args.policy, seed=args.seed)
 
 
@@ -68,6 +79,7 @@ def run_serve(args: argparse.Namespace) -> int:
     app = create_app(
         policy, model_name=args.model_name, api_key=args.api_key, recorder=recorder,
         default_max_tokens=args.max_tokens, max_batch_size=args.max_batch_size,
+        context_length=args.context_tokens,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

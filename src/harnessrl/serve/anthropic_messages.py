@@ -7,9 +7,12 @@ content, and ``is_error``; images and documents become a ``[image]``-style place
 ``thinking`` blocks are dropped); a ``system`` role mid-conversation; ``tools`` with
 ``input_schema`` (server tools without a schema are left out; ``tool_choice: {"type":
 "none"}`` leaves them all out); ``max_tokens``; ``stop_sequences``; ``temperature``;
-``top_p``; ``stream``. The stream (produced after generation ends) is ``message_start``,
+``top_p``; ``stream``; a final assistant message (without tool calls) is a prefill: the
+prompt ends with it and the answer holds only its continuation. The stream begins with ``message_start`` and ``ping`` events at once
+(and a ``ping`` every few seconds while the policy works); once the completion is known,
 per block ``content_block_start`` / deltas (``text_delta``, ``input_json_delta``) /
-``content_block_stop``, then ``message_delta`` with the stop reason and ``message_stop``.
+``content_block_stop``, then ``message_delta`` with the stop reason and ``message_stop``
+(or an ``error`` event when the policy failed).
 """
 
 from __future__ import annotations
@@ -131,8 +134,14 @@ def parse_messages_request(body: dict[str, Any], count_only: bool = False) -> Pa
     """Returns the parsed request (raises ``InvalidRequest`` naming the bad field)."""
     messages = normalize_messages(body)
     tools = normalize_tools(body)
+    prefill = ""
+    if messages[-1]["role"] == "assistant" and not messages[-1]["tool_calls"]:
+        # A final assistant message is the start of the answer: the model continues it.
+        prefill = messages.pop()["content"]
+        if not any(m["role"] != "system" for m in messages):
+            raise InvalidRequest("messages: the first message must use the \"user\" role", "messages")
     if count_only:
-        return ParsedRequest(api=API_MESSAGES, messages=messages, tools=tools, raw=body)
+        return ParsedRequest(api=API_MESSAGES, messages=messages, tools=tools, raw=body, prefill=prefill)
     temperature, top_p = fields.sampling(body, max_temperature=1.0)
     return ParsedRequest(
         api=API_MESSAGES,
@@ -144,6 +153,7 @@ def parse_messages_request(body: dict[str, Any], count_only: bool = False) -> Pa
         stop=fields.string_list(body.get("stop_sequences"), "stop_sequences", limit=64),
         stream=fields.optional_bool(body, "stream"),
         raw=body,
+        prefill=prefill,
     )
 
 
@@ -156,25 +166,25 @@ def _blocks(choice: Completion) -> list[dict[str, Any]]:
     return blocks
 
 
-def _usage(result: CompletionSet, output_tokens: int) -> dict[str, Any]:
+def _usage(prompt_tokens: int, output_tokens: int) -> dict[str, Any]:
     return {
-        "input_tokens": result.prompt_tokens, "output_tokens": output_tokens,
+        "input_tokens": prompt_tokens, "output_tokens": output_tokens,
         "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
     }
 
 
-def message_response(result: CompletionSet, model: str) -> dict[str, Any]:
+def message_response(result: CompletionSet, model: str, message_id: str | None = None) -> dict[str, Any]:
     """Returns the ``message`` object."""
     choice = result.choices[0]
     return {
-        "id": new_id("msg_"),
+        "id": message_id or new_id("msg_"),
         "type": "message",
         "role": "assistant",
         "model": model,
         "content": _blocks(choice),
         "stop_reason": STOP_REASONS[choice.finish_reason],
         "stop_sequence": choice.stop_sequence,
-        "usage": _usage(result, len(choice.token_ids)),
+        "usage": _usage(result.prompt_tokens, len(choice.token_ids)),
     }
 
 
@@ -183,12 +193,21 @@ def sse_event(name: str, payload: dict[str, Any]) -> str:
     return f"event: {name}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def message_stream(result: CompletionSet, model: str) -> Iterator[str]:
-    """Yields the server-sent events of a streamed message."""
+PING = sse_event("ping", {"type": "ping"})
+
+
+def message_stream_start(message_id: str, model: str, prompt_tokens: int) -> list[str]:
+    """Returns the events sent before the completion is known: ``message_start`` and a ping."""
+    start = {
+        "id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
+        "stop_reason": None, "stop_sequence": None, "usage": _usage(prompt_tokens, 1),
+    }
+    return [sse_event("message_start", {"type": "message_start", "message": start}), PING]
+
+
+def message_stream_rest(result: CompletionSet) -> Iterator[str]:
+    """Yields the content blocks' events, then ``message_delta`` and ``message_stop``."""
     choice = result.choices[0]
-    start = {**message_response(result, model), "content": [], "stop_reason": None, "stop_sequence": None}
-    start["usage"] = _usage(result, 1)
-    yield sse_event("message_start", {"type": "message_start", "message": start})
     for index, block in enumerate(_blocks(choice)):
         if block["type"] == "text":
             opening: dict[str, Any] = {"type": "text", "text": ""}
@@ -198,8 +217,6 @@ def message_stream(result: CompletionSet, model: str) -> Iterator[str]:
             arguments = json.dumps(block["input"], ensure_ascii=False)
             deltas = [{"type": "input_json_delta", "partial_json": piece} for piece in text_pieces(arguments)]
         yield sse_event("content_block_start", {"type": "content_block_start", "index": index, "content_block": opening})
-        if index == 0:
-            yield sse_event("ping", {"type": "ping"})
         for delta in deltas:
             yield sse_event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
         yield sse_event("content_block_stop", {"type": "content_block_stop", "index": index})
@@ -209,3 +226,8 @@ def message_stream(result: CompletionSet, model: str) -> Iterator[str]:
         "usage": {"output_tokens": len(choice.token_ids)},
     })
     yield sse_event("message_stop", {"type": "message_stop"})
+
+
+def stream_error(message: str) -> str:
+    """Returns the ``error`` event of a stream that failed after it began."""
+    return sse_event("error", {"type": "error", "error": {"type": "api_error", "message": message}})

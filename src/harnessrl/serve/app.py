@@ -13,11 +13,12 @@ OpenAI ``{"error": {"message", "type", "param", "code"}}``, Anthropic ``{"type":
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -27,7 +28,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from harnessrl.policy.base import Policy
 from harnessrl.serve import anthropic_messages, openai_chat, openai_responses
-from harnessrl.serve.engine import ContextOverflow, InvalidRequest, PolicyFailure, ServeEngine
+from harnessrl.serve.engine import (
+    CompletionSet,
+    ContextOverflow,
+    InvalidRequest,
+    PendingCompletion,
+    PolicyFailure,
+    ServeEngine,
+    new_id,
+)
 from harnessrl.serve.recorder import ConversationRecorder
 
 logger = logging.getLogger("harnessrl.serve")
@@ -75,6 +84,7 @@ def create_app(
     max_output_tokens: int | None = None,
     context_length: int | None = None,
     max_batch_size: int = 64,
+    stream_keepalive_s: float = 5.0,
 ) -> FastAPI:
     """Returns the server application over ``policy``.
 
@@ -82,7 +92,8 @@ def create_app(
     name); ``recorder`` keeps every exchange; ``default_max_tokens`` applies when a request
     names no output limit, ``max_output_tokens`` caps every request, ``context_length``
     overrides the policy's context window; at most ``max_batch_size`` requests share one
-    ``policy.generate`` call.
+    ``policy.generate`` call; a stream sends a keep-alive every ``stream_keepalive_s`` while
+    the policy works.
     """
     engine = ServeEngine(
         policy, recorder=recorder, context_length=context_length, default_max_tokens=default_max_tokens,
@@ -109,12 +120,13 @@ def create_app(
     def check_key(request: Request) -> None:
         if api_key is None:
             return
-        given = request.headers.get("x-api-key") or ""
         authorization = request.headers.get("authorization") or ""
-        if authorization.lower().startswith("bearer "):
-            given = given or authorization[7:].strip()
-        if not secrets.compare_digest(given.encode(), api_key.encode()):
-            raise ApiError(401, "authentication_error", "invalid API key", code="invalid_api_key")
+        bearer = authorization[7:].strip() if authorization.lower().startswith("bearer ") else ""
+        given = [request.headers.get("x-api-key") or "", bearer]
+        if not any(secrets.compare_digest(key.encode(), api_key.encode()) for key in given):
+            # OpenAI calls a wrong key an invalid request; Anthropic an authentication error.
+            kind = "authentication_error" if family_of(request.url.path) == ANTHROPIC else "invalid_request_error"
+            raise ApiError(401, kind, "invalid API key", code="invalid_api_key")
 
     async def read_body(request: Request) -> dict[str, Any]:
         raw = await request.body()
@@ -156,8 +168,34 @@ def create_app(
         wrapped.__name__ = handler.__name__
         return wrapped
 
-    def sse(events: Iterator[str]) -> StreamingResponse:
-        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    def sse(
+        pending: PendingCompletion,
+        head: list[str],
+        rest: Callable[[CompletionSet], Iterator[str]],
+        keepalive: str,
+        failed: Callable[[str], str],
+    ) -> StreamingResponse:
+        """Returns a stream that sends ``head`` at once, ``keepalive`` every
+        ``stream_keepalive_s`` while the policy works, then ``rest(result)`` (or
+        ``failed(message)`` when the policy failed): a slow model never leaves a client
+        waiting on a silent connection."""
+
+        async def events() -> AsyncIterator[str]:
+            for event in head:
+                yield event
+            while not pending.task.done():
+                await asyncio.wait({pending.task}, timeout=stream_keepalive_s)
+                if not pending.task.done():
+                    yield keepalive
+            try:
+                result = pending.task.result()
+            except PolicyFailure as exc:
+                yield failed(str(exc))
+                return
+            for event in rest(result):
+                yield event
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     # ------------------------------------------------------------ OpenAI
     def model_card() -> dict[str, Any]:
@@ -176,9 +214,11 @@ def create_app(
 
     async def chat_completions(request: Request) -> Response:
         parsed = openai_chat.parse_chat_request(await read_body(request))
-        result = await engine.complete(parsed, session_of(request))
+        pending = await engine.start(parsed, session_of(request))
         if parsed.stream:
-            return sse(openai_chat.chat_stream(result, parsed, model))
+            rest = functools.partial(openai_chat.chat_stream, request=parsed, model=model)
+            return sse(pending, [], rest, openai_chat.KEEPALIVE, openai_chat.stream_error)
+        result = await pending.task
         return JSONResponse(openai_chat.chat_response(result, parsed, model, engine.renderer.decode))
 
     # ------------------------------------------------------------ OpenAI Responses
@@ -187,19 +227,30 @@ def create_app(
 
     async def responses(request: Request) -> Response:
         parsed = openai_responses.parse_responses_request(await read_body(request), store)
-        result = await engine.complete(parsed, session_of(request))
-        response = openai_responses.response_object(result, parsed, model, store)
+        pending = await engine.start(parsed, session_of(request))
+        skeleton = openai_responses.response_skeleton(parsed, model, new_id("resp_"))
         if parsed.stream:
-            return sse(openai_responses.response_stream(response))
-        return JSONResponse(response)
+            events = openai_responses.ResponseEvents()
+
+            def rest(result: CompletionSet) -> Iterator[str]:
+                return events.rest(openai_responses.response_object(result, parsed, model, store, skeleton))
+
+            failed = functools.partial(events.failed, skeleton)
+            return sse(pending, events.start(skeleton), rest, openai_chat.KEEPALIVE, failed)
+        result = await pending.task
+        return JSONResponse(openai_responses.response_object(result, parsed, model, store, skeleton))
 
     # ------------------------------------------------------------ Anthropic Messages
     async def messages(request: Request) -> Response:
         parsed = anthropic_messages.parse_messages_request(await read_body(request))
-        result = await engine.complete(parsed, session_of(request))
+        pending = await engine.start(parsed, session_of(request))
+        message_id = new_id("msg_")
         if parsed.stream:
-            return sse(anthropic_messages.message_stream(result, model))
-        return JSONResponse(anthropic_messages.message_response(result, model))
+            head = anthropic_messages.message_stream_start(message_id, model, pending.prompt_tokens)
+            return sse(pending, head, anthropic_messages.message_stream_rest, anthropic_messages.PING,
+                       anthropic_messages.stream_error)
+        result = await pending.task
+        return JSONResponse(anthropic_messages.message_response(result, model, message_id))
 
     async def count_tokens(request: Request) -> Response:
         parsed = anthropic_messages.parse_messages_request(await read_body(request), count_only=True)

@@ -51,8 +51,10 @@ class ServeContext:
     ``api`` is ``chat``, ``responses`` or ``messages``; ``session`` the client conversation
     (from the ``/s/{session}`` path or the ``X-Harnessrl-Session`` header, else the one the
     recorder grouped the request into, else None); ``messages`` and ``tools`` are normalized
-    (see the module docstring); ``raw`` is the request body as sent. A scripted policy
-    answers in the tool-call text format of the module docstring.
+    (see the module docstring); ``raw`` is the request body as sent; ``prefill`` is the start
+    of the answer the client wrote (an Anthropic final assistant message, left out of
+    ``messages`` and rendered at the end of the prompt): the policy writes what follows it.
+    A scripted policy answers in the tool-call text format of the module docstring.
     """
 
     api: str
@@ -60,6 +62,7 @@ class ServeContext:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)
+    prefill: str = ""  # text the answer must continue (already in the prompt), if any
 
 
 def tools_system_text(tools: list[dict[str, Any]]) -> str:

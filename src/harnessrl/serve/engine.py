@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import queue
 import threading
 import uuid
@@ -19,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from harnessrl.harness.chat import RenderedPrompt
 from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
 from harnessrl.serve.context import ServeContext, parse_completion
 from harnessrl.serve.prompt import PromptRenderer
@@ -67,6 +69,8 @@ class ParsedRequest:
     n: int = 1
     stream: bool = False
     raw: dict[str, Any] = field(default_factory=dict)
+    # the start of the answer, given by the client (an Anthropic final assistant message)
+    prefill: str = ""
     # what one API carries from parsing to its response (e.g. the Responses API's custom tools)
     state: dict[str, Any] = field(default_factory=dict)
 
@@ -98,6 +102,16 @@ class CompletionSet:
     @property
     def completion_tokens(self) -> int:
         return sum(len(choice.token_ids) for choice in self.choices)
+
+
+@dataclass
+class PendingCompletion:
+    """A request that is queued: its conversation, prompt size, and the task that finishes it
+    (its result is the ``CompletionSet``; it raises ``PolicyFailure``)."""
+
+    session: str | None
+    prompt_tokens: int
+    task: asyncio.Future[CompletionSet]
 
 
 def new_id(prefix: str) -> str:
@@ -203,7 +217,7 @@ class ServeEngine:
 
     def count_tokens(self, request: ParsedRequest) -> int:
         """Returns the number of prompt tokens ``request`` renders to."""
-        return len(self.renderer.render(request.messages, request.tools))
+        return len(self.renderer.render(request.messages, request.tools, request.prefill))
 
     def output_budget(self, requested: int | None, prompt_tokens: int) -> int:
         """Returns how many tokens may be sampled: the request's limit (or the default),
@@ -219,19 +233,33 @@ class ServeEngine:
 
     async def complete(self, request: ParsedRequest, session: str | None) -> CompletionSet:
         """Returns the request's completions (raises ``ContextOverflow`` or ``PolicyFailure``)."""
+        return await (await self.start(request, session)).task
+
+    async def start(self, request: ParsedRequest, session: str | None) -> PendingCompletion:
+        """Renders ``request``, checks it against the context window (raising
+        ``ContextOverflow``) and queues it; returns at once with the task that finishes it
+        (streams begin while the policy works)."""
         small = sum(len(m.get("content") or "") for m in request.messages) < INLINE_RENDER_CHARS
-        prompt = await self._tokenizing(small, self.renderer.render, request.messages, request.tools)
+        prompt = await self._tokenizing(small, self.renderer.render, request.messages, request.tools, request.prefill)
         budget = self.output_budget(request.max_tokens, len(prompt))
         thread = 0
         if self.recorder is not None:
             session, thread = self.recorder.assign(request.messages, session)
-        context = ServeContext(request.api, session, request.messages, request.tools, request.raw)
-        stop_ids = self.stop_token_ids
+        context = ServeContext(request.api, session, request.messages, request.tools, request.raw, request.prefill)
         futures = []
         for choice in range(request.n):
             seed = None if request.seed is None else request.seed + choice
-            params = SamplingParams(request.temperature, request.top_p, budget, stop_ids, seed)
+            params = SamplingParams(request.temperature, request.top_p, budget, self.stop_token_ids, seed)
             futures.append(asyncio.wrap_future(self.batcher.submit(GenerationRequest(list(prompt.ids), params, context))))
+        task = asyncio.ensure_future(self._complete(request, session, thread, prompt, futures))
+        # A stream whose client went away never awaits its task: retrieve its error anyway.
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return PendingCompletion(session, len(prompt), task)
+
+    async def _complete(
+        self, request: ParsedRequest, session: str | None, thread: int, prompt: RenderedPrompt,
+        futures: list[asyncio.Future[Generation]],
+    ) -> CompletionSet:
         generations = await asyncio.gather(*futures)
         choices = []
         for generation in generations:
@@ -240,14 +268,27 @@ class ServeEngine:
             choices.append(await self._tokenizing(True, self._finish, generation, request))
         result = CompletionSet(session, len(prompt), choices)
         first = choices[0]
-        reply = {"role": "assistant", "content": first.content, "tool_calls": first.tool_calls}
-        self.renderer.remember(reply, first.token_ids)
+        # What the client will send back: the prefill and its continuation as one message.
+        content = request.prefill + first.content if request.prefill else first.content
+        reply = {"role": "assistant", "content": content, "tool_calls": first.tool_calls}
+        if first.finish_reason != "stop_sequence" and not request.prefill:
+            # Cut at a stop string, the ids hold text the client never saw (the stop string
+            # and what its last token carried); after a prefill, the message holds text the
+            # policy did not sample: such replies are rendered from their text next time.
+            self.renderer.remember(reply, first.token_ids)
         if self.recorder is not None and session is not None:
-            self.recorder.record(
-                session, thread, api=request.api, messages=request.messages, prompt=prompt,
-                token_ids=first.token_ids, logprobs=first.logprobs, finish_reason=first.finish_reason,
-                text=first.text, reply=reply, policy=getattr(self.policy, "name", "policy"),
+            record = functools.partial(
+                self.recorder.record, session, thread, api=request.api, messages=request.messages,
+                prompt=prompt, token_ids=first.token_ids, logprobs=first.logprobs,
+                finish_reason=first.finish_reason, text=first.text, reply=reply,
+                policy=getattr(self.policy, "name", "policy"),
             )
+            # Recorded before the answer goes out, so the client's next request finds it;
+            # writing the JSONL line (the prompt's ids) happens off the event loop.
+            if self.recorder.record_dir is None:
+                record()
+            else:
+                await asyncio.to_thread(record)
         return result
 
     async def _tokenizing(self, small: bool, work: Callable[..., T], *args: Any) -> T:
@@ -285,11 +326,16 @@ class ServeEngine:
 
     def _ids_covering(self, ids: Sequence[int], chars: int) -> int:
         """Returns the fewest leading ids whose text is at least ``chars`` characters long
-        (the sampled ids up to and including the one that completed a stop string)."""
-        for count in range(1, len(ids) + 1):
-            if len(self.renderer.decode(ids[:count])) >= chars:
-                return count
-        return len(ids)
+        (the sampled ids up to and including the one that completed a stop string). A
+        binary search: the text of a prefix grows with the prefix."""
+        low, high = 1, len(ids)
+        while low < high:
+            middle = (low + high) // 2
+            if len(self.renderer.decode(ids[:middle])) >= chars:
+                high = middle
+            else:
+                low = middle + 1
+        return high
 
 
 def _first_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:

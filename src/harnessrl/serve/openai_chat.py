@@ -6,8 +6,9 @@ the legacy function role), ``tools`` / legacy ``functions`` (``tool_choice: "non
 them out of the prompt), ``max_completion_tokens`` or ``max_tokens``, ``temperature``,
 ``top_p``, ``n``, ``stop``, ``seed``, ``logprobs`` (the sampled token's log-probability;
 ``top_logprobs`` lists are empty), ``stream`` with ``stream_options.include_usage``. The
-stream is produced after generation ends (the Policy protocol returns whole generations):
-content in pieces, then each tool call as a header delta and an arguments delta.
+Policy protocol returns whole generations, so a stream sends SSE comments (``: keep-alive``)
+while the policy works, then the content in pieces, then each tool call as a header delta
+and arguments deltas (or one ``{"error": ...}`` chunk when the policy failed).
 """
 
 from __future__ import annotations
@@ -182,6 +183,14 @@ def text_pieces(text: str, size: int = STREAM_PIECE_CHARS) -> Iterator[str]:
 def sse_data(payload: Any) -> str:
     """Returns one server-sent event carrying ``payload`` as JSON."""
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+KEEPALIVE = ": keep-alive\n\n"  # an SSE comment: every client skips it
+
+
+def stream_error(message: str) -> str:
+    """Returns the chunk of a stream whose policy failed after the stream began."""
+    return sse_data({"error": {"message": message, "type": "server_error", "param": None, "code": None}}) + "data: [DONE]\n\n"
 
 
 def chat_stream(result: CompletionSet, request: ParsedRequest, model: str) -> Iterator[str]:

@@ -8,10 +8,12 @@ and ``custom_tool_call_output``; ``reasoning`` items are dropped), ``instruction
 function with one string argument ``input``; built-in tools are left out; ``tool_choice:
 "none"`` leaves them all out), ``max_output_tokens``, ``temperature``, ``top_p``,
 ``stream``, ``previous_response_id`` (the earlier request's input and output are kept in
-memory, the most recent ``ResponseStore.capacity`` of them). The stream (produced after
-generation ends) is ``response.created``, ``response.in_progress``, per output item
+memory, the most recent ``ResponseStore.capacity`` of them). The stream begins with
+``response.created`` and ``response.in_progress`` at once (then SSE comments keep it alive
+while the policy works); once the output is known, per output item
 ``response.output_item.added`` / text or argument deltas / ``...done``, then
-``response.completed`` (or ``response.incomplete`` when the output limit cut it).
+``response.completed`` (``response.incomplete`` when the output limit cut it;
+``response.failed`` when the policy failed).
 """
 
 from __future__ import annotations
@@ -174,24 +176,18 @@ def output_items(result: CompletionSet, custom: set[str]) -> list[dict[str, Any]
     return items
 
 
-def response_object(result: CompletionSet, request: ParsedRequest, model: str, store: ResponseStore) -> dict[str, Any]:
-    """Returns the ``response`` object (and remembers its conversation for chaining)."""
-    choice = result.choices[0]
+def response_skeleton(request: ParsedRequest, model: str, response_id: str) -> dict[str, Any]:
+    """Returns the ``response`` object before its output is known (status ``in_progress``)."""
     body = request.raw
-    output = output_items(result, request.state["custom_tools"])
-    incomplete = choice.finish_reason == "length"
-    response_id = new_id("resp_")
-    reply = {"role": "assistant", "content": choice.content, "tool_calls": choice.tool_calls}
-    store.put(response_id, [*request.state["history"], reply])
     return {
         "id": response_id,
         "object": "response",
         "created_at": int(time.time()),
-        "status": "incomplete" if incomplete else "completed",
-        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "status": "in_progress",
+        "incomplete_details": None,
         "error": None,
         "model": model,
-        "output": output,
+        "output": [],
         "instructions": body.get("instructions"),
         "previous_response_id": body.get("previous_response_id"),
         "max_output_tokens": body.get("max_output_tokens"),
@@ -205,6 +201,24 @@ def response_object(result: CompletionSet, request: ParsedRequest, model: str, s
         "store": body.get("store", True),
         "truncation": "disabled",
         "metadata": body.get("metadata") or {},
+        "usage": None,
+    }
+
+
+def response_object(
+    result: CompletionSet, request: ParsedRequest, model: str, store: ResponseStore, skeleton: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Returns the finished ``response`` object (and remembers its conversation for
+    ``previous_response_id``); ``skeleton`` is the one a stream began with."""
+    choice = result.choices[0]
+    response = dict(skeleton) if skeleton is not None else response_skeleton(request, model, new_id("resp_"))
+    incomplete = choice.finish_reason == "length"
+    reply = {"role": "assistant", "content": choice.content, "tool_calls": choice.tool_calls}
+    store.put(response["id"], [*request.state["history"], reply])
+    response.update({
+        "status": "incomplete" if incomplete else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "output": output_items(result, request.state["custom_tools"]),
         "usage": {
             "input_tokens": result.prompt_tokens,
             "input_tokens_details": {"cached_tokens": 0},
@@ -212,42 +226,53 @@ def response_object(result: CompletionSet, request: ParsedRequest, model: str, s
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": result.prompt_tokens + len(choice.token_ids),
         },
-    }
+    })
+    return response
 
 
-def response_stream(response: dict[str, Any]) -> Iterator[str]:
-    """Yields the typed server-sent events that build up ``response``."""
-    sequence = 0
+class ResponseEvents:
+    """The typed server-sent events of one streamed response, numbered in order."""
 
-    def event(kind: str, **payload: Any) -> str:
-        nonlocal sequence
-        data = {"type": kind, "sequence_number": sequence, **payload}
-        sequence += 1
+    def __init__(self) -> None:
+        self.sequence = 0
+
+    def event(self, kind: str, **payload: Any) -> str:
+        data = {"type": kind, "sequence_number": self.sequence, **payload}
+        self.sequence += 1
         return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
-    pending = {**response, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
-    yield event("response.created", response=pending)
-    yield event("response.in_progress", response=pending)
-    for index, item in enumerate(response["output"]):
-        at = {"item_id": item["id"], "output_index": index}
-        if item["type"] == "message":
-            part = item["content"][0]
-            yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress", "content": []})
-            yield event("response.content_part.added", **at, content_index=0, part={**part, "text": ""})
-            for piece in text_pieces(part["text"]):
-                yield event("response.output_text.delta", **at, content_index=0, delta=piece, logprobs=[])
-            yield event("response.output_text.done", **at, content_index=0, text=part["text"], logprobs=[])
-            yield event("response.content_part.done", **at, content_index=0, part=part)
-        elif item["type"] == "function_call":
-            yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress", "arguments": ""})
-            for piece in text_pieces(item["arguments"]):
-                yield event("response.function_call_arguments.delta", **at, delta=piece)
-            yield event("response.function_call_arguments.done", **at, name=item["name"], arguments=item["arguments"])
-        else:
-            yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress", "input": ""})
-            for piece in text_pieces(item["input"]):
-                yield event("response.custom_tool_call_input.delta", **at, delta=piece)
-            yield event("response.custom_tool_call_input.done", **at, input=item["input"])
-        yield event("response.output_item.done", output_index=index, item=item)
-    final = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
-    yield event(final, response=response)
+    def start(self, skeleton: dict[str, Any]) -> list[str]:
+        """Returns the events sent before the output is known."""
+        return [self.event("response.created", response=skeleton), self.event("response.in_progress", response=skeleton)]
+
+    def rest(self, response: dict[str, Any]) -> Iterator[str]:
+        """Yields the events that build up the finished ``response``."""
+        event = self.event
+        for index, item in enumerate(response["output"]):
+            at = {"item_id": item["id"], "output_index": index}
+            if item["type"] == "message":
+                part = item["content"][0]
+                yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress", "content": []})
+                yield event("response.content_part.added", **at, content_index=0, part={**part, "text": ""})
+                for piece in text_pieces(part["text"]):
+                    yield event("response.output_text.delta", **at, content_index=0, delta=piece, logprobs=[])
+                yield event("response.output_text.done", **at, content_index=0, text=part["text"], logprobs=[])
+                yield event("response.content_part.done", **at, content_index=0, part=part)
+            elif item["type"] == "function_call":
+                yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress", "arguments": ""})
+                for piece in text_pieces(item["arguments"]):
+                    yield event("response.function_call_arguments.delta", **at, delta=piece)
+                yield event("response.function_call_arguments.done", **at, name=item["name"], arguments=item["arguments"])
+            else:
+                yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress", "input": ""})
+                for piece in text_pieces(item["input"]):
+                    yield event("response.custom_tool_call_input.delta", **at, delta=piece)
+                yield event("response.custom_tool_call_input.done", **at, input=item["input"])
+            yield event("response.output_item.done", output_index=index, item=item)
+        final = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+        yield event(final, response=response)
+
+    def failed(self, skeleton: dict[str, Any], message: str) -> str:
+        """Returns the ``response.failed`` event of a stream whose policy failed."""
+        error = {"code": "server_error", "message": message}
+        return self.event("response.failed", response={**skeleton, "status": "failed", "error": error})

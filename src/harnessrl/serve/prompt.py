@@ -57,11 +57,12 @@ class PromptRenderer:
         self.cache_size = cache_size
         self._sampled: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self.lock = threading.RLock()  # every use of self.tokenizer holds it
+        self._sampled_lock = threading.Lock()  # held only for a dict operation
 
     def remember(self, message: dict[str, Any], token_ids: Sequence[int]) -> None:
         """Records that ``message`` (normalized assistant message) was sampled as ``token_ids``."""
         key = message_key(message)
-        with self.lock:
+        with self._sampled_lock:
             self._sampled[key] = tuple(token_ids)
             self._sampled.move_to_end(key)
             while len(self._sampled) > self.cache_size:
@@ -90,7 +91,9 @@ class PromptRenderer:
             elif role == "user":
                 out.append(Message("user", message.get("content", ""), SPAN_TASK))
             else:
-                sampled = self._sampled.get(message_key(message))
+                key = message_key(message)
+                with self._sampled_lock:
+                    sampled = self._sampled.get(key)
                 text = render_assistant_text(message)
                 if sampled is not None:
                     out.append(Message("assistant", text, SPAN_POLICY, token_ids=sampled))
@@ -98,10 +101,16 @@ class PromptRenderer:
                     out.append(Message("assistant", text, SPAN_REMINDER))
         return out
 
-    def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> RenderedPrompt:
-        """Returns the prompt ids (ending with the assistant header) and their span labels."""
+    def render(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]], prefill: str = ""
+    ) -> RenderedPrompt:
+        """Returns the prompt ids (ending with the assistant header, then the ``prefill``
+        text the answer must continue, if any) and their span labels."""
         with self.lock:
-            return self.tokenizer.render(self.chat_messages(messages, tools))
+            prompt = self.tokenizer.render(self.chat_messages(messages, tools))
+            if prefill:
+                prompt.extend(self.tokenizer.encode(prefill), SPAN_REMINDER)
+            return prompt
 
     def decode(self, ids: Sequence[int]) -> str:
         with self.lock:

@@ -11,7 +11,7 @@ from harnessrl import __version__
 
 def build_parser() -> argparse.ArgumentParser:
     """Returns the top-level parser with every sub-command registered."""
-    from harnessrl import design_cli, rollout_cli, train_cli
+    from harnessrl import design_cli, eval_cli, experiment_cli, rollout_cli, train_cli
     from harnessrl.tasks import cli as tasks_cli
 
     parser = argparse.ArgumentParser(
@@ -24,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     tasks_cli.register(subparsers)
     rollout_cli.register(subparsers)
     train_cli.register(subparsers)
+    eval_cli.register(subparsers)
+    experiment_cli.register(subparsers)
     return parser
 
 

@@ -53,17 +53,24 @@ def seed_everything(seed: int) -> None:
 
 def select_tasks(cfg: TrainConfig, split: str, limit: int | None) -> list[Task]:
     """Returns the tasks of ``split`` with the configured tiers and families (seeded order)."""
-    suite = load_suite(cfg.suite)
+    return select_tasks_from(cfg.suite, split, limit, cfg.seed, cfg.tiers, cfg.families)
+
+
+def select_tasks_from(
+    suite_name: str, split: str, limit: int | None, seed: int,
+    tiers: list[int] | None = None, families: list[str] | None = None,
+) -> list[Task]:
+    """Returns up to ``limit`` tasks of ``split`` in the tiers and families given (None = all),
+    in the suite's seeded order."""
+    suite = load_suite(suite_name)
     chosen: list[Task] = []
-    for task in suite.tasks(split, seed=cfg.seed):
-        if task.tier in cfg.tiers and (cfg.families is None or task.family in cfg.families):
+    for task in suite.tasks(split, seed=seed):
+        if (tiers is None or task.tier in tiers) and (families is None or task.family in families):
             chosen.append(task)
             if limit is not None and len(chosen) >= limit:
                 break
     if not chosen:
-        raise ValueError(
-            f"no {split} tasks in suite {cfg.suite!r} with tiers {cfg.tiers} and families {cfg.families}"
-        )
+        raise ValueError(f"no {split} tasks in suite {suite_name!r} with tiers {tiers} and families {families}")
     return chosen
 
 
@@ -410,7 +417,17 @@ class Trainer:
         summary = self.summary()
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
         (self.run_dir / "summary.md").write_text(format_summary(summary), encoding="utf-8")
+        self.write_report()
         return summary
+
+    def write_report(self) -> None:
+        """Writes report/ (HTML + Markdown); a failure is logged, never raised: the run is saved."""
+        from harnessrl.eval.report import write_run_report
+
+        try:
+            self.log(f"report: {write_run_report(self.run_dir)}")
+        except Exception as exc:  # the checkpoints and summary are already on disk
+            self.log(f"report failed ({type(exc).__name__}: {exc}); rebuild it with `harnessrl report {self.run_dir}`")
 
     def summary(self) -> dict[str, Any]:
         base, final = self.state.get("base_eval", {}), self.state.get("final_eval", {})

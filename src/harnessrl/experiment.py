@@ -123,8 +123,21 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
         if name in spec.base:
             raise ValueError(f"{path}: field base.{name}: set by the experiment for every arm; remove it "
                              "(seeds go in `seeds`, evaluation in `eval`)")
-    for arm in spec.arms:  # every arm must build a valid training config
-        arm_config(spec, arm, spec.seeds[0], Path("/nonexistent"), source=str(path))
+    from harnessrl.design import make_design
+    from harnessrl.harness.registry import registered_space
+
+    for arm in spec.arms:  # every arm must build a valid training config and schedule
+        cfg = arm_config(spec, arm, spec.seeds[0], Path("/nonexistent"), source=str(path))
+        try:
+            size = len(make_design(registered_space(), cfg.design, n=cfg.design_n, seed=cfg.seed, base=cfg.base_harness))
+        except ValueError as exc:
+            raise ValueError(f"{path}: arm {arm.name!r}: field design: {exc}") from None
+        if cfg.pairing != "repeat" and cfg.k > size:
+            raise ValueError(
+                f"{path}: arm {arm.name!r}: field k: K={cfg.k} with {cfg.pairing} pairing needs {cfg.k} distinct "
+                f"configurations, the {cfg.design} design has {size}; set pairing: repeat (the same harness on "
+                f"K successive steps) or k: {size}"
+            )
     return spec
 
 
@@ -143,7 +156,16 @@ def arm_config(spec: ExperimentSpec, arm: ArmSpec, seed: int, out_dir: Path, sou
     try:
         return load_config(None, preset or "quick", overrides)
     except ValueError as exc:
-        raise ValueError(f"{source}: arm {arm.name!r}: {exc}") from None
+        # load_config names its source "overrides": say which fields of the file they are
+        where = "base" if set(_bad_fields(str(exc))) <= set(base) | {"preset"} else "arm"
+        text = str(exc).replace("overrides: invalid training config", "invalid training config", 1)
+        if where == "base":
+            text = text.replace("  field ", "  field base.")
+        raise ValueError(f"{source}: arm {arm.name!r}: {text}") from None
+
+
+def _bad_fields(message: str) -> list[str]:
+    return [line.split("field ", 1)[1].split(":", 1)[0] for line in message.splitlines() if line.startswith("  field ")]
 
 
 BUDGET_FIELDS = ("steps", "tasks_per_step", "group_size", "max_turns", "max_new_tokens", "context_tokens",

@@ -1,0 +1,197 @@
+"""Experiments and reports: experiment files fail with clear errors; a tiny two-arm experiment
+trains, evaluates, skips finished arms on re-run, resumes a lost one, and writes the table,
+the plots and an HTML report that opens in headless Chromium without errors."""
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from harnessrl.eval.report import Doc
+from harnessrl.experiment import load_experiment
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+REQUIRE_CHROMIUM = bool(os.environ.get("CI")) or os.environ.get("HARNESSRL_REQUIRE_CHROMIUM") == "1"
+
+
+# --- headless Chromium ------------------------------------------------------------------------
+
+
+def chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def browser_check(page: Path) -> dict:
+    """Opens ``page`` in headless Chromium and returns the page's own check (script errors,
+    broken images) plus the console errors Chromium logged."""
+    binary = chromium()
+    if binary is None:
+        if REQUIRE_CHROMIUM:
+            pytest.fail("chromium is required here (CI or HARNESSRL_REQUIRE_CHROMIUM=1): apt-get install chromium")
+        pytest.skip("chromium is not installed (apt-get install chromium; `make system-deps` does it as root)")
+    with tempfile.TemporaryDirectory() as profile:
+        done = subprocess.run(
+            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000",
+             "--dump-dom", page.resolve().as_uri()],
+            capture_output=True, text=True, timeout=120,
+        )
+    assert done.returncode == 0, done.stderr[-2000:]
+    marker = 'data-report-check="'
+    assert marker in done.stdout, "the page's load check did not run"
+    raw = done.stdout.split(marker, 1)[1].split('"', 1)[0]
+    check = json.loads(raw.replace("&quot;", '"').replace("&amp;", "&"))
+    check["console_errors"] = [line for line in done.stderr.splitlines() if "CONSOLE" in line and "rror" in line]
+    return check
+
+
+def test_browser_check_catches_a_script_error_and_a_missing_image(tmp_path):
+    doc = Doc("broken", tmp_path / "broken")
+    doc.para("x")
+    doc.blocks.append(("figure", ("img/missing.png", "not there")))
+    page = doc.write()
+    page.write_text(page.read_text().replace("</body>", "<script>undefinedFunction();</script></body>"))
+    check = browser_check(page)
+    assert check["broken_images"] == ["img/missing.png"]
+    assert any("undefinedFunction" in e for e in check["errors"])
+
+
+# --- experiment files -------------------------------------------------------------------------
+
+
+def write(tmp_path, text, name="exp.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+GOOD = """
+name: t
+base: {preset: quick}
+arms:
+  - {name: single, design: single, pairing: repeat, k: 2}
+  - {name: oa, design: orthogonal}
+"""
+
+
+def test_the_paper_and_cpu_experiments_load_with_the_papers_arms():
+    paper = load_experiment(CONFIGS / "paper_ablation.yaml")
+    arms = {a.name: a for a in paper.arms}
+    assert {a.design for a in paper.arms} == {"single", "first-order", "orthogonal", "random", "full"}
+    assert sorted(a.k for a in paper.arms if a.design == "orthogonal" and a.pairing == "neighbour") == [1, 2, 4]
+    assert arms["orthogonal-repeat2"].pairing == "repeat" and arms["orthogonal-random-pairing"].pairing == "random"
+    assert arms["random-18"].design_n == 18 and len(paper.seeds) >= 3 and paper.reference == "single-H0"
+    assert paper.base["preset"] == "paper" and paper.eval.held_out == 18
+    cpu = load_experiment(CONFIGS / "cpu_ablation.yaml")
+    assert [a.name for a in cpu.arms] == ["single-H0", "orthogonal-18"]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("name: t\narms: [ {name: a, design: single", "not valid YAML"),
+    (GOOD.replace("k: 2}", "k: 2, steps: 5}"), r"(?s)arms\.0\.steps: unknown arm field.*budget fields go in base"),
+    (GOOD.replace("base: {preset: quick}", "base: {preset: quick, seed: 3}"), r"base\.seed: set by the experiment"),
+    (GOOD.replace("base: {preset: quick}", "base: {preset: quick, stepz: 3}"), r"(?s)arm 'single'.*field base\.stepz: unknown field; valid fields are"),
+    (GOOD + "reference: nope\n", r"field reference: 'nope' is not an arm"),
+    (GOOD.replace("pairing: repeat, k: 2", "k: 2"), r"field k: K=2 with neighbour pairing needs 2.*pairing: repeat"),
+    (GOOD.replace("name: oa", "name: single"), "arm names repeat"),
+    (GOOD + "colour: red\n", r"field colour: unknown field"),
+])
+def test_bad_experiment_files_name_file_field_and_fix(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ValueError, match=message) as info:
+        load_experiment(path)
+    assert str(path) in str(info.value)
+
+
+# --- a tiny experiment end to end ---------------------------------------------------------------
+
+torch = pytest.importorskip("torch", reason="torch is installed by `make test`")
+transformers = pytest.importorskip("transformers", reason="transformers is installed by `make test`")
+
+
+def tiny_experiment(tmp_path, model):
+    return write(tmp_path, f"""
+name: tiny
+base:
+  preset: quick
+  model: {model}
+  steps: 1
+  tasks_per_step: 1
+  group_size: 2
+  max_turns: 1
+  max_new_tokens: 8
+  max_train_tasks: 4
+  sft_warm_start_steps: 1
+  sft_tasks: 1
+  learning_rate: 0.001
+  save_every: 1
+seeds: [5]
+reference: single
+eval: {{configs: "held-out,codex-like", held_out: 2, tasks: 1}}
+arms:
+  - {{name: single, design: single, pairing: repeat, k: 2}}
+  - {{name: oa, design: orthogonal, pairing: neighbour, k: 2}}
+""")
+
+
+def test_tiny_experiment_produces_table_plots_and_a_report_and_resumes(tmp_path, tiny_model):
+    from harnessrl.experiment import run_experiment
+
+    spec = load_experiment(tiny_experiment(tmp_path, tiny_model))
+    out = tmp_path / "out"
+    lines = []
+    result = run_experiment(spec, out, log=lines.append)
+    arms = {row["arm"]: row for row in result["arms"]}
+    assert set(arms) == {"single", "oa"} and result["missing"] == []
+    assert arms["single"]["design"] == "single" and arms["single"]["train_configs"] == 1
+    assert arms["oa"]["train_configs"] == 18 and arms["single"]["gain_in_space"] == 0.0
+    for row in arms.values():
+        assert 0.0 <= row["in_space"] <= 1.0 and 0.0 <= row["out_of_space"] <= 1.0
+        assert row["overall"] == pytest.approx((row["in_space"] + row["out_of_space"]) / 2)
+    # the same evaluation for both arms: the same harnesses and tasks
+    evaluated = []
+    for arm in ("single", "oa"):
+        marker = json.loads((out / "arms" / f"{arm}-seed5" / "arm_result.json").read_text())
+        evaluated.append(sorted(marker["results"]["per_config"]))
+        assert marker["config"]["steps"] == 1 and marker["config"]["group_size"] == 2  # matched budget
+    assert evaluated[0] == evaluated[1] and len(evaluated[0]) == 3
+    table = (out / "comparison.md").read_text()
+    assert "| single |" in table and "| oa |" in table and "gain in-space vs single" in table
+    images = sorted(p.name for p in (out / "report" / "img").glob("*.png"))
+    assert {"comparison.png", "learning-curves.png", "distance.png"} <= set(images)
+    assert (out / "arms" / "oa-seed5" / "report" / "index.html").exists()  # every run has its report
+    check = browser_check(out / "report" / "index.html")
+    assert check["errors"] == [] and check["broken_images"] == [] and check["console_errors"] == []
+    assert check["images"] >= 4
+    # re-running skips both arms; losing one arm's marker redoes only that arm's evaluation
+    lines.clear()
+    run_experiment(spec, out, log=lines.append)
+    assert sum("skipped" in line for line in lines) == 2
+    (out / "arms" / "oa-seed5" / "arm_result.json").unlink()
+    lines.clear()
+    again = run_experiment(spec, out, log=lines.append)
+    assert any("[single-seed5] finished earlier: skipped" in line for line in lines)
+    assert any("[oa-seed5] resumed from" in line for line in lines)  # trained weights reloaded, not retrained
+    assert {row["arm"]: row["in_space"] for row in again["arms"]} == {r["arm"]: r["in_space"] for r in result["arms"]}
+
+
+def test_report_command_rebuilds_an_experiment_report(tmp_path, tiny_model):
+    from harnessrl.cli import main
+
+    out = tmp_path / "out"
+    assert main(["experiment", str(tiny_experiment(tmp_path, tiny_model)), "--out", str(out)]) == 0
+    (out / "report" / "index.html").unlink()
+    assert main(["report", str(out)]) == 0
+    assert "Comparison" in (out / "report" / "index.html").read_text()
+    assert main(["report", str(out / "arms" / "single-seed5")]) == 0
+    run_page = (out / "arms" / "single-seed5" / "report" / "index.html").read_text()
+    assert "Learning curves" in run_page and "[policy]" in run_page  # transcripts carry span labels

@@ -474,6 +474,13 @@ def write_run_report(run_dir: str | Path) -> Path:
         doc.heading("Learning curves")
         doc.figure("learning-curves", plot_learning_curves({run_dir.name: records}, ["reward_mean", "pass_rate", "no_signal_fraction"]),
                    "Training rollouts per step: mean reward, pass rate, fraction of GRPO groups without signal")
+        periodic = {
+            name: [{"step": r["step"], "pass_at_1": r["eval"][name]["pass_at_1"]} for r in records if name in r.get("eval", {})]
+            for name in ("in_space", "out_of_space")
+        }
+        if any(periodic.values()):
+            doc.figure("eval-curve", plot_learning_curves({k: v for k, v in periodic.items() if v}, ["pass_at_1"]),
+                       "Periodic evaluation (eval_every): Pass@1 per evaluation set")
         doc.table(["step", "reward", "pass rate", "no-signal", "trained samples", "format errors", "pairs"],
                   [[r["step"] + 1, r.get("reward_mean"), r.get("pass_rate"), r.get("no_signal_fraction"),
                     r.get("trained_samples"), r.get("format_errors"),

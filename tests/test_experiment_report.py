@@ -65,6 +65,41 @@ def test_browser_check_catches_a_script_error_and_a_missing_image(tmp_path):
     assert any("undefinedFunction" in e for e in check["errors"])
 
 
+def test_run_report_is_built_from_the_files_of_a_run(tmp_path):
+    from harnessrl.eval.report import write_run_report
+    from harnessrl.harness.harness import Harness, HarnessLimits
+    from harnessrl.policy.scripted import OraclePolicy, RandomPolicy
+    from harnessrl.rl.config import load_config
+    from harnessrl.rollout import RolloutEngine, RolloutJob
+    from harnessrl.tasks.suite import load_suite
+    from harnessrl.trajectory import save_jsonl
+
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    cfg = load_config(preset="quick", overrides={"run_dir": str(run)})
+    (run / "config.json").write_text(cfg.model_dump_json())
+    limits = HarnessLimits(max_turns=6, max_new_tokens=16_384, context_tokens=262_144)
+    tasks = list(load_suite("workspace").tasks("test", limit=2, seed=1))
+    jobs = [RolloutJob(t, Harness.named(code, limits)) for code in ("S1-T2-O1-C1-W0", "S0-T0-O0-C0-W1", "codex-like") for t in tasks]
+    for name, policy in (("final", OraclePolicy()), ("base", RandomPolicy(seed=0))):
+        trajectories, _ = RolloutEngine(policy).run(jobs)
+        save_jsonl(trajectories, run / "eval" / f"{name}.jsonl")
+    records = [{"step": s, "reward_mean": 0.25 * s, "pass_rate": 0.25 * s, "no_signal_fraction": 0.5, "trained_samples": 4,
+                "format_errors": 1, "pairs": [["t1", "S0-T0-O0-C0-W0"]], "eval": {"in_space": {"pass_at_1": 0.1 * s}}}
+               for s in range(3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    page = write_run_report(run)
+    html = page.read_text()
+    for name in ("learning-curves", "eval-curve", "final-per-config", "final-levels", "final-distance"):
+        assert (run / "report" / "img" / f"{name}.png").stat().st_size > 1000, name
+    assert "before (overall)" in html  # base vs final behaviours
+    assert "[system]" in html and "[task]" in html and "[policy]" in html and "[observation]" in html
+    markdown = (run / "report" / "report.md").read_text()
+    assert "| in-space (held-out) | 100.0 |" in markdown and "![Pass@1 per harness" in markdown
+    check = browser_check(page)
+    assert check["errors"] == [] and check["broken_images"] == [] and check["images"] >= 5
+
+
 # --- experiment files -------------------------------------------------------------------------
 
 

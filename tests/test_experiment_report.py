@@ -230,3 +230,38 @@ def test_report_command_rebuilds_an_experiment_report(tmp_path, tiny_model):
     assert main(["report", str(out / "arms" / "single-seed5")]) == 0
     run_page = (out / "arms" / "single-seed5" / "report" / "index.html").read_text()
     assert "Learning curves" in run_page and "[policy]" in run_page  # transcripts carry span labels
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_eval_loads_full_and_lora_checkpoints_of_a_run(tmp_path, tiny_model, lora_rank):
+    from harnessrl.cli import main
+    from harnessrl.rl.checkpoint import load_checkpoint_policy
+    from harnessrl.rl.config import load_config
+    from harnessrl.rl.loop import train
+
+    if lora_rank:
+        pytest.importorskip("peft", reason="peft is installed by `make test`")
+    run = tmp_path / "run"
+    overrides = {"model": str(tiny_model), "run_dir": str(run), "steps": 1, "tasks_per_step": 1, "group_size": 2,
+                 "max_turns": 1, "max_new_tokens": 8, "max_train_tasks": 4, "sft_warm_start_steps": 1, "sft_tasks": 1,
+                 "learning_rate": 1e-3, "sft_learning_rate": 1e-2, "eval_base": False, "eval_held_out": 0,
+                 "eval_out_of_space": False, "design": "first-order", "lora_rank": lora_rank}
+    train(load_config(preset="quick", overrides=overrides), log=lambda m: None)
+    policy, config = load_checkpoint_policy(run)
+    assert config["design"] == "first-order" and policy.name.endswith("step-000001")
+    base = transformers.AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
+    loaded = policy.model.state_dict()
+    assert set(loaded) == set(base)  # a LoRA adapter is merged into plain weights
+    assert any(not torch.equal(base[k], loaded[k]) for k in base)  # the trained weights, not the base model
+    out = tmp_path / "eval"
+    assert main(["eval", "--checkpoint", str(run), "--configs", "train,codex-like", "--limit", "1", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["meta"]["design"] == "first-order" and len(results["per_group"]["train"]) > 0
+    assert sorted(results["per_config"]) == sorted([*config_codes(config), "codex-like"])
+
+
+def config_codes(config):
+    from harnessrl.design import make_design
+    from harnessrl.harness.registry import registered_space
+
+    return make_design(registered_space(), config["design"], seed=config["seed"]).codes

@@ -241,7 +241,8 @@ def plot_level_heatmap(marginals: dict[str, dict[str, Any]], title: str = "") ->
         for lv in range(n_levels):
             cell = marginals[f].get(str(lv)) or {}
             text = "–" if cell.get("pass_at_1") is None else f"{100 * cell['pass_at_1']:.0f}\n(n={cell['episodes']})"
-            ax.text(lv, i, text, ha="center", va="center", fontsize=7, color="white")
+            bright = (cell.get("pass_at_1") or 0.0) > 0.6  # viridis is light at the top: dark text there
+            ax.text(lv, i, text, ha="center", va="center", fontsize=7, color="black" if bright else "white")
     ax.set_xticks(range(n_levels), [f"level {lv}" for lv in range(n_levels)])
     ax.set_yticks(range(len(letters)), letters)
     fig.colorbar(image, ax=ax, label="Pass@1 (%)")

@@ -252,3 +252,13 @@ def test_eval_command_rejects_an_unknown_code_with_the_fix(tmp_path, capsys):
     code = main(["eval", "--policy", "oracle", "--configs", "S0-T0-O0-C0-W7", "--out", str(tmp_path / "x")])
     assert code == 2
     assert "S0-T0-O0-C0-W7" in capsys.readouterr().err
+
+
+def test_mean_of_means_interval_reduces_to_the_plain_one_and_brackets_the_overall():
+    from harnessrl.eval.metrics import bootstrap_ci_mean_of_means
+
+    values = [1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0]
+    assert bootstrap_ci_mean_of_means([values], seed=3) == bootstrap_ci(values, seed=3)
+    in_space, out_of_space = [1.0] * 30 + [0.0] * 10, [0.0] * 15 + [1.0] * 5
+    low, high = bootstrap_ci_mean_of_means([in_space, out_of_space])
+    assert low < (0.75 + 0.25) / 2 < high and high - low < 0.3

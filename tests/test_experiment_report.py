@@ -192,6 +192,7 @@ def test_tiny_experiment_produces_table_plots_and_a_report_and_resumes(tmp_path,
     for row in arms.values():
         assert 0.0 <= row["in_space"] <= 1.0 and 0.0 <= row["out_of_space"] <= 1.0
         assert row["overall"] == pytest.approx((row["in_space"] + row["out_of_space"]) / 2)
+        assert row["overall_ci"][0] <= row["overall"] <= row["overall_ci"][1]
     # the same evaluation for both arms: the same harnesses and tasks
     evaluated = []
     for arm in ("single", "oa"):

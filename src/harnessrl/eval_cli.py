@@ -47,7 +47,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--concurrent", type=int, default=16, help="episodes in flight")
     p.add_argument("--workers", type=int, default=4, help="threads for sandbox steps")
     p.add_argument("--backend", default="auto", help="sandbox backend: auto, bwrap, unshare, none")
-    p.add_argument("--device", default="auto", help="torch device for model policies")
+    p.add_argument("--device", default="auto", help="torch device of --checkpoint and embedded / hf: policies")
     p.add_argument("--out", default=None, help="output folder (default: evals/<name>-<time>)")
     p.add_argument("--json", action="store_true", help="print the results JSON instead of a table")
     p.set_defaults(func=run_eval)
@@ -75,7 +75,8 @@ def run_eval(args: argparse.Namespace) -> int:
         spec = args.checkpoint
     else:
         spec = args.policy or "embedded"
-        policy = make_policy(spec, args.seed, **({"device": args.device} if spec not in SCRIPTED_POLICIES else {}))
+        local_model = spec in ("embedded", "hf") or spec.startswith("hf:")
+        policy = make_policy(spec, args.seed, **({"device": args.device} if local_model else {}))
     scripted = spec in SCRIPTED_POLICIES
     limits = HarnessLimits(
         max_turns=args.max_turns or run_config.get("max_turns") or HarnessLimits.max_turns,

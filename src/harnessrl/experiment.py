@@ -264,6 +264,7 @@ def compare(out_dir: str | Path) -> dict[str, Any]:
     in-space / out-of-space / overall (mean over seeds, pooled 95% interval) and the gain
     over the reference arm."""
     from harnessrl.eval.evaluate import score_trajectories
+    from harnessrl.eval.metrics import bootstrap_ci_mean_of_means
     from harnessrl.trajectory import load_jsonl
 
     out = Path(out_dir)
@@ -292,6 +293,8 @@ def compare(out_dir: str | Path) -> dict[str, Any]:
             row[f"{group}_ci"] = pooled_scores["per_group"].get(group, {}).get("pass_at_1_ci")
         parts = [row[g] for g in ("in_space", "out_of_space") if row[g] is not None]
         row["overall"] = float(np.mean(parts)) if parts else None
+        row["overall_ci"] = list(bootstrap_ci_mean_of_means(
+            [unit_scores(pooled, groups, g) for g in ("in_space", "out_of_space")])) if pooled else None
         row["behaviour"] = {name: cell["rate"] for name, cell in pooled_scores.get("behaviour", {}).get("overall", {}).items()}
         row["wall_time_s"] = sum(m.get("wall_time_s", 0.0) for m in markers)
         rows[arm["name"]] = row
@@ -312,15 +315,24 @@ def compare(out_dir: str | Path) -> dict[str, Any]:
     return result
 
 
+def unit_scores(trajectories: list[Any], groups: dict[str, str], group: str) -> list[float]:
+    """Returns the Pass@1 of each (task, harness) unit of one group (the mean over its runs)."""
+    units: dict[tuple[str, str], list[bool]] = {}
+    for t in trajectories:
+        if groups.get(t.config, "out_of_space" if t.out_of_space else "in_space") == group:
+            units.setdefault((t.task_id, t.config), []).append(bool(t.passed))
+    return [sum(runs) / len(runs) for runs in units.values()]
+
+
 def comparison_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Returns the paper-shaped table: headers and one row per arm."""
     from harnessrl.eval.report import pct, pct_ci, signed
 
     headers = ["arm", "design (configs)", "pairing, K", "seeds", "in-space Pass@1", "95% CI", "out-of-space Pass@1",
-               "95% CI", "overall", f"gain in-space vs {result['reference']}", "gain overall"]
+               "95% CI", "overall", "95% CI", f"gain in-space vs {result['reference']}", "gain overall"]
     rows = [[r["arm"], f"{r['design']} ({r['train_configs']})", f"{r['pairing']}, K={r['k']}", len(r["seeds"]),
              pct(r["in_space"]), pct_ci(r["in_space_ci"]), pct(r["out_of_space"]), pct_ci(r["out_of_space_ci"]),
-             pct(r["overall"]), signed(r["gain_in_space"]), signed(r["gain_overall"])] for r in result["arms"]]
+             pct(r["overall"]), pct_ci(r.get("overall_ci")), signed(r["gain_in_space"]), signed(r["gain_overall"])] for r in result["arms"]]
     return headers, rows
 
 

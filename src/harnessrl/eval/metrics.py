@@ -44,6 +44,20 @@ def bootstrap_ci(values: Sequence[float], n_boot: int = 2000, alpha: float = 0.0
     return (float(np.quantile(means, alpha / 2)), float(np.quantile(means, 1 - alpha / 2)))
 
 
+def bootstrap_ci_mean_of_means(
+    groups: Sequence[Sequence[float]], n_boot: int = 2000, alpha: float = 0.05, seed: int = 0
+) -> tuple[float, float]:
+    """Returns the percentile bootstrap interval of the unweighted mean of group means (e.g.
+    the paper's overall = mean of in-space and out-of-space), resampling within each group
+    independently. With one group it is ``bootstrap_ci`` of that group."""
+    data = [np.asarray(g, dtype=float) for g in groups if len(g)]
+    if not data:
+        return (0.0, 0.0)
+    rng = np.random.default_rng(seed)
+    means = np.mean([rng.choice(g, size=(n_boot, g.size), replace=True).mean(axis=1) for g in data], axis=0)
+    return (float(np.quantile(means, alpha / 2)), float(np.quantile(means, 1 - alpha / 2)))
+
+
 def score_runs(correct_per_task: Sequence[Sequence[bool]], k: int, seed: int = 0) -> dict[str, object]:
     """Returns the headline numbers of a set of (task, harness) units, each with its runs:
     Pass@1 (the mean over runs, i.e. Avg@n), pass@k (unbiased; None when a unit has fewer

@@ -59,6 +59,8 @@ def _scores(trajectories: Sequence[Trajectory], k: int) -> dict[str, Any]:
     return {
         "episodes": len(trajectories),
         **score_runs(list(by_task.values()), k),
+        # per turn: outputs the tool interface could not act on (format_errors, unknown tools and bad
+        # arguments included) and tool errors (those two plus calls the tool refused)
         "format_error_rate": sum(t.metrics.get("format_errors", 0) for t in trajectories) / turns,
         "tool_error_rate": sum(t.metrics.get("tool_errors", 0) for t in trajectories) / turns,
         "statuses": dict(_count(t.status for t in trajectories)),

@@ -388,7 +388,7 @@ def eval_sections(doc: Doc, results: dict[str, Any], trajectories: Sequence[Traj
         doc.heading("Per harness")
         doc.figure(f"{name}-per-config", plot_per_config(per_config, (baseline or {}).get("per_config")),
                    "Pass@1 per harness" + (" (grey: before, blue: after)" if baseline else ""))
-        doc.table(["harness", "group", "Pass@1", "95% CI", "episodes", "format errors / turn", "tool errors / turn"],
+        doc.table(["harness", "group", "Pass@1", "95% CI", "episodes", "unparsed outputs / turn", "tool errors / turn"],
                   [[c, GROUP_LABELS.get(s.get("group", ""), s.get("group", "")), pct(s["pass_at_1"]), pct_ci(s.get("pass_at_1_ci")),
                     s["episodes"], s.get("format_error_rate"), s.get("tool_error_rate")]
                    for c, s in sorted(per_config.items(), key=lambda kv: (kv[1].get("group", ""), kv[0]))])

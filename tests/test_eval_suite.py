@@ -160,12 +160,15 @@ def test_workflow_compliance_checks_the_plan_under_w1_and_the_second_submit_unde
                    config="S0-T0-O0-C0-W1")
     plan_with_action = episode([turn(0, "```bash\nls\n```", kind="plan", observation=(
         "Plan noted. Actions in the planning response are not executed; carry out the plan now."))], config="S0-T0-O0-C0-W1")
+    garbage = episode([turn(0, "}}{{ qq", kind="plan", observation="Plan noted. Now carry it out, one action per response.")],
+                      config="S0-T0-O0-C0-W1")
     review_done = episode([turn(0)], config="S0-T0-O0-C0-W2", submits=2)
     review_skipped = episode([turn(0)], config="S0-T0-O0-C0-W2", submits=1)
     never_submitted = episode([turn(0)], config="S0-T0-O0-C0-W2", submits=0)
     react = episode([turn(0)], config="S0-T0-O0-C0-W0", submits=1)
     assert episode_counts(plan)["workflow_compliance"] == (1, 1)
     assert episode_counts(plan_with_action)["workflow_compliance"] == (0, 1)
+    assert episode_counts(garbage)["workflow_compliance"] == (0, 1)  # no action, but no plan either
     assert episode_counts(review_done)["workflow_compliance"] == (1, 1)
     assert episode_counts(review_skipped)["workflow_compliance"] == (0, 1)
     assert episode_counts(never_submitted)["workflow_compliance"] == (0, 0)

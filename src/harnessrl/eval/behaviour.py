@@ -28,6 +28,8 @@ LOWER_IS_BETTER: frozenset[str] = frozenset({"format_error_rate", "tool_error_ra
 # A "content token" of an observation: an identifier, path, number or word of 3+ characters.
 _TOKEN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{2,}")
 _PLAN_WITH_ACTION_PREFIX = "Plan noted. Actions in the planning response are not executed"
+# A plan names steps: a numbered or bulleted line, or the word "plan".
+_PLAN_STEP = re.compile(r"(^\s*(\d+[.)]|[-*•])\s+\S)|\bplan\b", re.IGNORECASE | re.MULTILINE)
 
 
 @lru_cache(maxsize=512)
@@ -110,14 +112,13 @@ def episode_counts(trajectory: Trajectory) -> dict[str, tuple[int, int]]:
         previous_observation = turn.observation if turn.calls else ""
     counts["observation_use"] = (used, chances)
 
-    # Workflow compliance: W1 asks for a plan with no action first; W2 asks for a second
+    # Workflow compliance: W1 asks for a plan (steps, no action) first; W2 asks for a second
     # submit after the review. W0 asks for nothing (no opportunity).
     level = workflow_level(trajectory.config)
     if level == 1 and trajectory.turns:
         first = trajectory.turns[0]
-        ok = first.kind == "plan" and bool(first.text.strip()) and not first.observation.startswith(
-            _PLAN_WITH_ACTION_PREFIX
-        )
+        ok = (first.kind == "plan" and bool(_PLAN_STEP.search(first.text))
+              and not first.observation.startswith(_PLAN_WITH_ACTION_PREFIX))
         counts["workflow_compliance"] = (int(ok), 1)
     elif level == 2 and int(trajectory.metrics.get("submits", 0)) >= 1:
         counts["workflow_compliance"] = (int(int(trajectory.metrics.get("submits", 0)) >= 2), 1)

@@ -359,14 +359,14 @@ def write_experiment_report(out_dir: str | Path) -> Path:
     from harnessrl.eval.behaviour import BEHAVIOURS
     from harnessrl.eval.report import (
         Doc,
-        _plt,
-        _read_jsonl_records,
         eval_sections,
         make_decoder,
         pct,
         plot_distance,
         plot_learning_curves,
         plot_level_heatmap,
+        pyplot,
+        read_jsonl_records,
     )
     from harnessrl.trajectory import load_jsonl
 
@@ -384,7 +384,7 @@ def write_experiment_report(out_dir: str | Path) -> Path:
         doc.para(f"Not finished yet: {', '.join(result['missing'])}.")
     arms = result["arms"]
     if arms:
-        plt = _plt()
+        plt = pyplot()
         fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(arms) + 2), 3.6))
         xs = np.arange(len(arms))
         for offset, key, colour in ((-0.27, "in_space", "#1e88e5"), (0.0, "out_of_space", "#fb8c00"), (0.27, "overall", "#43a047")):
@@ -403,7 +403,7 @@ def write_experiment_report(out_dir: str | Path) -> Path:
         doc.figure("comparison", fig, "Pass@1 per arm (mean over seeds; bars: pooled 95% bootstrap interval)")
         series: dict[str, list[dict[str, Any]]] = {}
         for arm in arms:
-            per_seed = [_read_jsonl_records(out / "arms" / f"{arm['arm']}-seed{s}" / "metrics.jsonl") for s in arm["seeds"]]
+            per_seed = [read_jsonl_records(out / "arms" / f"{arm['arm']}-seed{s}" / "metrics.jsonl") for s in arm["seeds"]]
             steps = sorted({r["step"] for records in per_seed for r in records})
             series[arm["arm"]] = [
                 {"step": step, **{key: float(np.mean([r[key] for records in per_seed for r in records if r["step"] == step]))

@@ -195,7 +195,7 @@ def signed(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:+.1f}"
 
 
-def _plt() -> Any:
+def pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -209,7 +209,7 @@ def _plt() -> Any:
 
 def plot_per_config(per_config: dict[str, dict[str, Any]], baseline: dict[str, dict[str, Any]] | None) -> Any:
     """Returns a bar chart of Pass@1 per harness (and the baseline's, side by side)."""
-    plt = _plt()
+    plt = pyplot()
     codes = sorted(per_config, key=lambda c: (per_config[c].get("group", ""), c))
     fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(codes) + 2), 3.6))
     xs = list(range(len(codes)))
@@ -230,7 +230,7 @@ def plot_per_config(per_config: dict[str, dict[str, Any]], baseline: dict[str, d
 
 def plot_level_heatmap(marginals: dict[str, dict[str, Any]], title: str = "") -> Any:
     """Returns a factor x level heatmap of Pass@1 (cells annotated with episodes)."""
-    plt = _plt()
+    plt = pyplot()
     letters = list(marginals)
     n_levels = max((len(v) for v in marginals.values()), default=0)
     grid = [[(marginals[f].get(str(lv)) or {}).get("pass_at_1") for lv in range(n_levels)] for f in letters]
@@ -253,7 +253,7 @@ def plot_level_heatmap(marginals: dict[str, dict[str, Any]], title: str = "") ->
 
 def plot_distance(curves: dict[str, dict[str, dict[str, Any]]]) -> Any:
     """Returns Pass@1 against Hamming distance to the nearest training configuration, one line per label."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.2))
     for label, curve in curves.items():
         xs = [int(d) for d in curve]
@@ -268,7 +268,7 @@ def plot_distance(curves: dict[str, dict[str, dict[str, Any]]]) -> Any:
 
 def plot_learning_curves(series: dict[str, list[dict[str, Any]]], keys: Sequence[str]) -> Any:
     """Returns one panel per metric key, one line per run label, against the step."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
         for label, records in series.items():
@@ -446,7 +446,7 @@ def eval_sections(doc: Doc, results: dict[str, Any], trajectories: Sequence[Traj
 # --- run and eval folders ---------------------------------------------------------------------------
 
 
-def _read_jsonl_records(path: Path) -> list[dict[str, Any]]:
+def read_jsonl_records(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -470,7 +470,7 @@ def write_run_report(run_dir: str | Path) -> Path:
     doc.para(f"{cfg.get('algorithm', 'grpo').upper()} over the {design.kind} design ({len(design)} configurations), "
              f"pairing {cfg.get('pairing')} K={cfg.get('k')}, {cfg.get('steps')} steps of {cfg.get('tasks_per_step')} "
              f"tasks x {cfg.get('group_size')} rollouts, model {cfg.get('model')}, seed {cfg.get('seed')}.")
-    records = _read_jsonl_records(run_dir / "metrics.jsonl")
+    records = read_jsonl_records(run_dir / "metrics.jsonl")
     if records:
         doc.heading("Learning curves")
         doc.figure("learning-curves", plot_learning_curves({run_dir.name: records}, ["reward_mean", "pass_rate", "no_signal_fraction"]),

@@ -265,3 +265,31 @@ def test_mean_of_means_interval_reduces_to_the_plain_one_and_brackets_the_overal
     in_space, out_of_space = [1.0] * 30 + [0.0] * 10, [0.0] * 15 + [1.0] * 5
     low, high = bootstrap_ci_mean_of_means([in_space, out_of_space])
     assert low < (0.75 + 0.25) / 2 < high and high - low < 0.3
+
+
+def test_evaluate_hands_ext_targets_to_the_external_agents_runner(monkeypatch):
+    from harnessrl.eval.evaluate import evaluate
+
+    calls = []
+    package = types.ModuleType("harnessrl.harness.external")
+    package.external_agent_names = lambda: ["mini"]
+    run = types.ModuleType("harnessrl.harness.external.run")
+
+    class ExternalConfig:
+        def __init__(self, backend="auto"):
+            self.backend = backend
+
+    def evaluate_external_targets(names, policy, tasks, k=1, config=None):
+        calls.append((list(names), len(tasks), k, config.backend))
+        return [Trajectory(task_id=t.id, config=name, harness=name, passed=True, out_of_space=True, seed=r)
+                for name in names for t in tasks for r in range(k)]
+
+    run.ExternalConfig, run.evaluate_external_targets = ExternalConfig, evaluate_external_targets
+    monkeypatch.setitem(sys.modules, "harnessrl.harness.external", package)
+    monkeypatch.setitem(sys.modules, "harnessrl.harness.external.run", run)
+    targets = resolve_eval_set("ext:mini,S0-T0-O0-C0-W0", DESIGN)
+    tasks = list(load_suite("workspace").tasks("test", limit=1, seed=0))
+    result = evaluate(OraclePolicy(), targets, tasks, k=2, limits=ORACLE_LIMITS, backend="auto", design=DESIGN)
+    assert calls == [(["ext:mini"], 1, 2, "auto")]
+    assert result.per_config["ext:mini"]["group"] == "external" and result.per_group["external"]["pass_at_k"] == 1.0
+    assert result.per_group["train"]["episodes"] == 2  # the in-space target still ran through our engine

@@ -13,7 +13,7 @@ from harnessrl.design import Design
 from harnessrl.eval.analysis import factor_analysis
 from harnessrl.eval.behaviour import behaviour_metrics
 from harnessrl.eval.metrics import score_runs
-from harnessrl.eval.sets import EvalTarget
+from harnessrl.eval.sets import EXTERNAL_PREFIX, EvalTarget
 from harnessrl.harness.harness import Harness, HarnessLimits
 from harnessrl.policy.base import Policy, SamplingParams
 from harnessrl.rollout import RolloutEngine, RolloutJob, RolloutStats
@@ -122,15 +122,19 @@ def evaluate(
     backend: str = "auto",
     progress: bool = False,
     design: Design | None = None,
+    external: Any | None = None,
 ) -> EvalResult:
     """Runs every task k times under every harness and returns the scores.
 
     Harnesses are names or ``EvalTarget``s (from ``resolve_eval_set``), which carry the group
     each is reported under. Run r of a task uses seed ``seed + r``, so repeated evaluations
-    are reproducible.
+    are reproducible. ``ext:<name>`` targets are external agent programs run against the
+    policy (``harnessrl.harness.external``), with ``external`` as their run config (default:
+    this sandbox ``backend``).
     """
     targets = [t if isinstance(t, EvalTarget) else EvalTarget(t, "") for t in harness_names]
-    harnesses = [Harness.named(target.name, limits) for target in targets]
+    external_names = [t.name for t in targets if t.name.startswith(EXTERNAL_PREFIX)]
+    harnesses = [Harness.named(t.name, limits) for t in targets if t.name not in external_names]
     jobs = [
         RolloutJob(task, harness, seed=seed + run, tags={"run": run})
         for harness in harnesses for task in tasks for run in range(k)
@@ -140,8 +144,15 @@ def evaluate(
         policy, max_concurrent=max_concurrent, env_workers=env_workers, sampling=sampling,
         backend=backend, progress=progress,
     )
-    trajectories, stats = engine.run(jobs)
-    groups = {t.name: t.group for t in targets if t.group}
+    trajectories, stats = engine.run(jobs) if jobs else ([], None)
+    if external_names:
+        # External agent programs run against the served policy (harnessrl.harness.external).
+        from harnessrl.harness.external.run import ExternalConfig, evaluate_external_targets
+
+        trajectories += evaluate_external_targets(
+            external_names, policy, tasks, k=k, config=external or ExternalConfig(backend=backend))
+    groups = {t.name: t.group or ("external" if t.name in external_names else "") for t in targets}
+    groups = {name: group for name, group in groups.items() if group}
     result = score_trajectories(trajectories, k, groups, design)
     result.stats = stats
     return result

@@ -12,7 +12,8 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-# bubblewrap is the default sandbox backend; installed from Debian when missing.
+# bubblewrap is the default sandbox backend; chromium opens the HTML reports in the report
+# test (headless). Both are installed from Debian when missing.
 system-deps:
 	@command -v bwrap >/dev/null 2>&1 || { \
 	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
@@ -24,6 +25,11 @@ system-deps:
 	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	    (apt-get install -y -q python3-venv >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q python3-venv >/dev/null)); \
 	  else echo "warning: python3-venv not found; harnessrl external install mini-swe-agent needs it" >&2; fi; }
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)); \
+	  elif command -v sudo >/dev/null 2>&1; then sudo apt-get install -y -q chromium >/dev/null; \
+	  else echo "warning: chromium not found; the report test (headless browser) skips outside CI" >&2; fi; }
 
 # torch==2.13.0 (CPU) only when no torch is installed: a user's GPU build is kept.
 $(STAMP): pyproject.toml | $(PY)

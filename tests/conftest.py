@@ -20,3 +20,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A randomly initialised 2-layer model with SmolLM2's architecture and tokenizer."""
+    torch = pytest.importorskip("torch", reason="torch is installed by `make test`")
+    transformers = pytest.importorskip("transformers", reason="transformers is installed by `make test`")
+    from harnessrl.policy.embedded import embedded_model_dir
+
+    source = embedded_model_dir()
+    config = transformers.AutoConfig.from_pretrained(source)
+    config.update({"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    model.save_pretrained(out)
+    transformers.AutoTokenizer.from_pretrained(source).save_pretrained(out)
+    return out

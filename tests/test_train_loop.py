@@ -21,23 +21,6 @@ from harnessrl.rl.update import UpdateSample, update_step  # noqa: E402
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    """A randomly initialised 2-layer model with SmolLM2's architecture and tokenizer."""
-    from harnessrl.policy.embedded import embedded_model_dir
-
-    source = embedded_model_dir()
-    config = transformers.AutoConfig.from_pretrained(source)
-    config.update({"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8})
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    out = tmp_path_factory.mktemp("tiny") / "model"
-    model.save_pretrained(out)
-    transformers.AutoTokenizer.from_pretrained(source).save_pretrained(out)
-    return out
-
-
 def tiny_overrides(model, run_dir, steps):
     return {
         "model": str(model), "run_dir": str(run_dir), "steps": steps, "tasks_per_step": 1, "group_size": 2,
@@ -76,6 +59,8 @@ def test_tiny_run_writes_metrics_checkpoints_summary_and_changes_weights(tiny_mo
     assert all(r["episodes"] == 2 and len(r["pairs"]) == 1 for r in records)
     assert (run_dir / "checkpoints" / "step-000002" / "trainer_state.json").exists()
     assert (run_dir / "summary.md").read_text().count("|") > 10
+    report = (run_dir / "report" / "index.html").read_text()  # train writes its run report
+    assert "Learning curves" in report and (run_dir / "report" / "img" / "learning-curves.png").exists()
     assert set(summary["pass_at_1"]) == {"in_space", "out_of_space"}
     trained = parameters(run_dir / "checkpoints" / "step-000002" / "model")
     initial = parameters(tiny_model)

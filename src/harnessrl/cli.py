@@ -11,7 +11,7 @@ from harnessrl import __version__
 
 def build_parser() -> argparse.ArgumentParser:
     """Returns the top-level parser with every sub-command registered."""
-    from harnessrl import design_cli, rollout_cli, serve_cli, train_cli
+    from harnessrl import design_cli, eval_cli, experiment_cli, rollout_cli, serve_cli, train_cli
     from harnessrl.harness.external import cli as external_cli
     from harnessrl.tasks import cli as tasks_cli
 
@@ -27,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     train_cli.register(subparsers)
     serve_cli.register(subparsers)
     external_cli.register(subparsers)
+    eval_cli.register(subparsers)
+    experiment_cli.register(subparsers)
     return parser
 
 

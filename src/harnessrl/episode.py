@@ -179,6 +179,8 @@ class Episode:
             output = harness.tools.execute(call, self.sandbox)
             self.sandbox_time_s += time.perf_counter() - t0
             self._last_outputs.append(output)
+            turn.outcomes.append({"tool": call.name, "failed": output.failed, "exit_code": output.exit_code,
+                                  "submitted": output.submitted is not None})
             state.commands.append(f"{call.name} {_short_args(call.arguments)}")
             state.changed_paths.extend(output.changed_paths)
             if output.is_error:

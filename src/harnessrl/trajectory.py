@@ -52,6 +52,8 @@ class Turn:
     observation: str = ""
     error: str | None = None  # "format" or "tool" when the output could not be acted on
     kind: str = "action"  # "action" or "plan"
+    # One record per executed call: {"tool", "failed", "exit_code", "submitted"} (behaviour metrics)
+    outcomes: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if sum(n for _, n in self.prompt_spans) != len(self.prompt_ids):

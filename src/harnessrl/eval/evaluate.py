@@ -1,4 +1,6 @@
-"""Run a policy through a set of harnesses on test tasks and score Pass@1 / pass@k / Avg@k."""
+"""Run a policy through a set of harnesses on test tasks and score Pass@1 / pass@k / Avg@k,
+per harness, per group (train / in-space / out-of-space / external), with behaviour metrics
+and the per-factor analysis."""
 
 from __future__ import annotations
 
@@ -7,12 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harnessrl.eval.metrics import avg_at_k, bootstrap_ci, mean_pass_at_k
-from harnessrl.harness.external.run import (
-    EXTERNAL_PREFIX,
-    ExternalConfig,
-    evaluate_external_targets,
-)
+from harnessrl.design import Design
+from harnessrl.eval.analysis import factor_analysis
+from harnessrl.eval.behaviour import behaviour_metrics
+from harnessrl.eval.metrics import score_runs
+from harnessrl.eval.sets import EXTERNAL_PREFIX, EvalTarget
 from harnessrl.harness.harness import Harness, HarnessLimits
 from harnessrl.policy.base import Policy, SamplingParams
 from harnessrl.rollout import RolloutEngine, RolloutJob, RolloutStats
@@ -22,19 +23,26 @@ from harnessrl.trajectory import Trajectory
 
 @dataclass
 class EvalResult:
-    """Scores overall and per harness, the trajectories behind them, and timing."""
+    """Scores overall, per group and per harness, behaviour metrics, the per-factor analysis,
+    the trajectories behind them, and timing."""
 
     k: int
     overall: dict[str, Any]
     per_config: dict[str, dict[str, Any]]
     trajectories: list[Trajectory] = field(default_factory=list)
     stats: RolloutStats | None = None
+    per_group: dict[str, dict[str, Any]] = field(default_factory=dict)
+    behaviour: dict[str, Any] = field(default_factory=dict)
+    analysis: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self, with_trajectories: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
             "k": self.k,
             **self.overall,
+            "per_group": self.per_group,
             "per_config": self.per_config,
+            "behaviour": self.behaviour,
+            "analysis": self.analysis,
             "timing": self.stats.to_dict() if self.stats else {},
         }
         if with_trajectories:
@@ -43,24 +51,18 @@ class EvalResult:
 
 
 def _scores(trajectories: Sequence[Trajectory], k: int) -> dict[str, Any]:
-    # One entry per (task, harness): its k runs.
+    """Returns the headline numbers of a set of episodes; a unit is one (task, harness)."""
     by_task: dict[tuple[str, str], list[bool]] = defaultdict(list)
     for t in trajectories:
         by_task[(t.task_id, t.config)].append(bool(t.passed))
-    runs = list(by_task.values())
-    first = [float(r[0]) for r in runs]
-    low, high = bootstrap_ci(first)
+    turns = max(1, sum(t.metrics.get("turns", 0) for t in trajectories))
     return {
         "episodes": len(trajectories),
-        "tasks": len(runs),
-        "pass_at_1": mean_pass_at_k(runs, 1),
-        "pass_at_1_ci": [low, high],
-        "pass_at_k": mean_pass_at_k(runs, k) if all(len(r) >= k for r in runs) else None,
-        "avg_at_k": avg_at_k(runs),
-        "format_error_rate": (
-            sum(t.metrics.get("format_errors", 0) for t in trajectories)
-            / max(1, sum(t.metrics.get("turns", 0) for t in trajectories))
-        ),
+        **score_runs(list(by_task.values()), k),
+        # per turn: outputs the tool interface could not act on (format_errors, unknown tools and bad
+        # arguments included) and tool errors (those two plus calls the tool refused)
+        "format_error_rate": sum(t.metrics.get("format_errors", 0) for t in trajectories) / turns,
+        "tool_error_rate": sum(t.metrics.get("tool_errors", 0) for t in trajectories) / turns,
         "statuses": dict(_count(t.status for t in trajectories)),
     }
 
@@ -72,9 +74,43 @@ def _count(items: Any) -> dict[str, int]:
     return out
 
 
+def score_trajectories(
+    trajectories: Sequence[Trajectory], k: int, groups: dict[str, str] | None = None, design: Design | None = None
+) -> EvalResult:
+    """Returns the scores of finished episodes (also used to rebuild reports from JSONL).
+
+    ``groups`` maps a harness name to its group (``EvalTarget.group``); a harness without
+    one is grouped as out-of-space when its trajectory says so, else as in-space. With a
+    ``design`` the per-factor analysis measures distance to its configurations.
+    """
+    groups = dict(groups or {})
+    by_config: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajectories:
+        by_config[t.config].append(t)
+        groups.setdefault(t.config, "out_of_space" if t.out_of_space else "in_space")
+    by_group: dict[str, list[Trajectory]] = defaultdict(list)
+    for code, items in by_config.items():
+        by_group[groups[code]].extend(items)
+    analysis: dict[str, Any] = {}
+    if design is not None:
+        analysis = factor_analysis(trajectories, design.space, design.configs)
+    return EvalResult(
+        k=k,
+        overall=_scores(trajectories, k),
+        per_config={code: {**_scores(items, k), "group": groups[code]} for code, items in by_config.items()},
+        trajectories=list(trajectories),
+        per_group={name: _scores(items, k) for name, items in by_group.items()},
+        behaviour={
+            "overall": behaviour_metrics(trajectories),
+            "per_group": {name: behaviour_metrics(items) for name, items in by_group.items()},
+        },
+        analysis=analysis,
+    )
+
+
 def evaluate(
     policy: Policy,
-    harness_names: Sequence[str],
+    harness_names: Sequence[str | EvalTarget],
     tasks: Sequence[Task],
     k: int = 1,
     limits: HarnessLimits | None = None,
@@ -85,17 +121,20 @@ def evaluate(
     env_workers: int = 4,
     backend: str = "auto",
     progress: bool = False,
-    external: ExternalConfig | None = None,
+    design: Design | None = None,
+    external: Any | None = None,
 ) -> EvalResult:
     """Runs every task k times under every harness and returns the scores.
 
-    Run r of a task uses seed ``seed + r``, so repeated evaluations are reproducible.
-    ``ext:<name>`` entries of ``harness_names`` are external agents (mini-swe-agent, Claude
-    Code, ...) run against the policy served by `harnessrl serve` (see
-    `harnessrl.harness.external`), with ``external`` (default: this sandbox ``backend``).
+    Harnesses are names or ``EvalTarget``s (from ``resolve_eval_set``), which carry the group
+    each is reported under. Run r of a task uses seed ``seed + r``, so repeated evaluations
+    are reproducible. ``ext:<name>`` targets are external agent programs run against the
+    policy (``harnessrl.harness.external``), with ``external`` as their run config (default:
+    this sandbox ``backend``).
     """
-    external_names = [name for name in harness_names if name.startswith(EXTERNAL_PREFIX)]
-    harnesses = [Harness.named(name, limits) for name in harness_names if name not in external_names]
+    targets = [t if isinstance(t, EvalTarget) else EvalTarget(t, "") for t in harness_names]
+    external_names = [t.name for t in targets if t.name.startswith(EXTERNAL_PREFIX)]
+    harnesses = [Harness.named(t.name, limits) for t in targets if t.name not in external_names]
     jobs = [
         RolloutJob(task, harness, seed=seed + run, tags={"run": run})
         for harness in harnesses for task in tasks for run in range(k)
@@ -107,15 +146,13 @@ def evaluate(
     )
     trajectories, stats = engine.run(jobs) if jobs else ([], None)
     if external_names:
+        # External agent programs run against the served policy (harnessrl.harness.external).
+        from harnessrl.harness.external.run import ExternalConfig, evaluate_external_targets
+
         trajectories += evaluate_external_targets(
             external_names, policy, tasks, k=k, config=external or ExternalConfig(backend=backend))
-    per_config: dict[str, list[Trajectory]] = defaultdict(list)
-    for t in trajectories:
-        per_config[t.config].append(t)
-    return EvalResult(
-        k=k,
-        overall=_scores(trajectories, k),
-        per_config={code: _scores(items, k) for code, items in per_config.items()},
-        trajectories=trajectories,
-        stats=stats,
-    )
+    groups = {t.name: t.group or ("external" if t.name in external_names else "") for t in targets}
+    groups = {name: group for name, group in groups.items() if group}
+    result = score_trajectories(trajectories, k, groups, design)
+    result.stats = stats
+    return result

@@ -42,3 +42,41 @@ def bootstrap_ci(values: Sequence[float], n_boot: int = 2000, alpha: float = 0.0
     rng = np.random.default_rng(seed)
     means = rng.choice(data, size=(n_boot, data.size), replace=True).mean(axis=1)
     return (float(np.quantile(means, alpha / 2)), float(np.quantile(means, 1 - alpha / 2)))
+
+
+def bootstrap_ci_mean_of_means(
+    groups: Sequence[Sequence[float]], n_boot: int = 2000, alpha: float = 0.05, seed: int = 0
+) -> tuple[float, float]:
+    """Returns the percentile bootstrap interval of the unweighted mean of group means (e.g.
+    the paper's overall = mean of in-space and out-of-space), resampling within each group
+    independently. With one group it is ``bootstrap_ci`` of that group."""
+    data = [np.asarray(g, dtype=float) for g in groups if len(g)]
+    if not data:
+        return (0.0, 0.0)
+    rng = np.random.default_rng(seed)
+    means = np.mean([rng.choice(g, size=(n_boot, g.size), replace=True).mean(axis=1) for g in data], axis=0)
+    return (float(np.quantile(means, alpha / 2)), float(np.quantile(means, 1 - alpha / 2)))
+
+
+def score_runs(correct_per_task: Sequence[Sequence[bool]], k: int, seed: int = 0) -> dict[str, object]:
+    """Returns the headline numbers of a set of (task, harness) units, each with its runs:
+    Pass@1 (the mean over runs, i.e. Avg@n), pass@k (unbiased; None when a unit has fewer
+    than k runs), Avg@k, and a 95% percentile bootstrap interval for each, resampling units."""
+    runs = [list(r) for r in correct_per_task if len(r)]
+    per_unit_1 = [pass_at_k(len(r), sum(r), 1) for r in runs]
+    out: dict[str, object] = {
+        "tasks": len(runs),
+        "pass_at_1": float(np.mean(per_unit_1)) if runs else 0.0,
+        "pass_at_1_ci": list(bootstrap_ci(per_unit_1, seed=seed)),
+    }
+    if runs and all(len(r) >= k for r in runs):
+        per_unit_k = [pass_at_k(len(r), sum(r), k) for r in runs]
+        out["pass_at_k"] = float(np.mean(per_unit_k))
+        out["pass_at_k_ci"] = list(bootstrap_ci(per_unit_k, seed=seed))
+    else:
+        out["pass_at_k"], out["pass_at_k_ci"] = None, None
+    # Avg@k: each unit's success rate over its first k runs (Harness-S: Avg@3).
+    per_unit_avg = [float(np.mean(r[:k])) for r in runs]
+    out["avg_at_k"] = float(np.mean(per_unit_avg)) if runs else 0.0
+    out["avg_at_k_ci"] = list(bootstrap_ci(per_unit_avg, seed=seed))
+    return out

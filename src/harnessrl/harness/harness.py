@@ -125,31 +125,12 @@ HARNESS_SETS: tuple[str, ...] = ("design", "held-out", "out-of-space", "all", "s
 
 
 def resolve_harness_set(spec: str, seed: int = 0, held_out: int = 18) -> list[str]:
-    """Returns harness names for a set spec: ``design`` (the 18 training configurations),
-    ``held-out`` (the in-space test set), ``out-of-space``, ``all`` (design + held-out +
-    out-of-space), ``space`` (all 243), or comma-separated codes and out-of-space names."""
+    """Returns harness names for a set spec relative to the orthogonal design: ``design``
+    (the 18 training configurations), ``held-out`` (the in-space test set), ``out-of-space``,
+    ``all`` (design + held-out + out-of-space), ``space`` (all 243), or comma-separated codes
+    and out-of-space names (see ``harnessrl.eval.sets.resolve_eval_set``)."""
     from harnessrl.design import orthogonal
+    from harnessrl.eval.sets import resolve_eval_set
 
-    space = registered_space()
-    names: list[str] = []
-    for part in [p.strip() for p in spec.split(",") if p.strip()]:
-        if part in ("design", "held-out", "all", "space"):
-            design = orthogonal(space)
-            if part == "space":
-                names += [c.code for c in space.all_configs]
-                continue
-            if part in ("design", "all"):
-                names += design.codes
-            if part in ("held-out", "all"):
-                names += [c.code for c in design.held_out(held_out, seed).configs]
-            if part == "all":
-                names += out_of_space_names()
-        elif part == "out-of-space":
-            names += out_of_space_names()
-        elif part in OUT_OF_SPACE_PRESETS:
-            names.append(part)
-        else:
-            names.append(space.parse(part).code)  # raises a clear error for a bad code
-    if not names:
-        raise ValueError(f"no harnesses in {spec!r}; use codes or one of {', '.join(HARNESS_SETS)}")
-    return list(dict.fromkeys(names))
+    design = orthogonal(registered_space())
+    return [target.name for target in resolve_eval_set(spec, design, held_out=held_out, seed=seed)]

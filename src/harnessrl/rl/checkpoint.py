@@ -92,3 +92,48 @@ def load_training_state(
         scheduler.load_state_dict(blob["scheduler"])
     _set_rng_state(blob["rng"])
     return json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
+
+
+def resolve_checkpoint(path: str | Path) -> tuple[Path, Path | None]:
+    """Returns (checkpoint folder, run folder or None) for a checkpoint folder or a run folder
+    (whose newest complete checkpoint is used); raises ``FileNotFoundError`` naming the fix."""
+    path = Path(path)
+    if (path / "model").is_dir() and (path / STATE_FILE).exists():
+        run_dir = path.parent.parent if path.parent.name == "checkpoints" else None
+        return path, run_dir
+    checkpoint = latest_checkpoint(path)
+    if checkpoint is None:
+        raise FileNotFoundError(
+            f"{path}: no checkpoint here; pass a run directory with checkpoints/step-*/ "
+            "or one checkpoint folder (it holds model/ and trainer_state.json)"
+        )
+    return checkpoint, path
+
+
+def load_checkpoint_policy(path: str | Path, device: str = "auto", dtype: str = "auto") -> tuple[Any, dict[str, Any]]:
+    """Returns (policy, run config as a dict, or {}) for a run's checkpoint.
+
+    A full fine-tune checkpoint loads as it is; a LoRA checkpoint (``adapter_config.json``)
+    loads its base model (the run config's ``model``, else the adapter's own record of it)
+    and merges the adapter into it for evaluation.
+    """
+    from harnessrl.policy.hf import HFPolicy
+
+    checkpoint, run_dir = resolve_checkpoint(path)
+    config: dict[str, Any] = {}
+    if run_dir is not None and (run_dir / "config.json").exists():
+        config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+    model_dir = checkpoint / "model"
+    adapter = model_dir / "adapter_config.json"
+    if not adapter.exists():
+        policy = HFPolicy(str(model_dir), device=device, dtype=dtype)
+    else:
+        try:
+            from peft import PeftModel
+        except ImportError:
+            raise ValueError(f"{checkpoint} holds a LoRA adapter; loading it needs peft: pip install 'harnessrl[lora]'") from None
+        base = config.get("model") or json.loads(adapter.read_text(encoding="utf-8")).get("base_model_name_or_path")
+        policy = HFPolicy(None if base in (None, "embedded") else base, device=device, dtype=dtype)
+        policy.model = PeftModel.from_pretrained(policy.model, str(model_dir)).merge_and_unload().eval()
+    policy.name = f"checkpoint:{checkpoint.parent.parent.name if run_dir else checkpoint.name}/{checkpoint.name}"
+    return policy, config

@@ -26,8 +26,9 @@ import numpy as np
 import torch
 
 from harnessrl.design import make_design
+from harnessrl.eval.behaviour import rates
 from harnessrl.eval.evaluate import EvalResult, evaluate
-from harnessrl.eval.metrics import bootstrap_ci
+from harnessrl.eval.sets import EvalTarget
 from harnessrl.harness.harness import Harness, HarnessLimits, out_of_space_names
 from harnessrl.harness.registry import registered_space
 from harnessrl.pairing import PairingSchedule
@@ -53,17 +54,24 @@ def seed_everything(seed: int) -> None:
 
 def select_tasks(cfg: TrainConfig, split: str, limit: int | None) -> list[Task]:
     """Returns the tasks of ``split`` with the configured tiers and families (seeded order)."""
-    suite = load_suite(cfg.suite)
+    return select_tasks_from(cfg.suite, split, limit, cfg.seed, cfg.tiers, cfg.families)
+
+
+def select_tasks_from(
+    suite_name: str, split: str, limit: int | None, seed: int,
+    tiers: list[int] | None = None, families: list[str] | None = None,
+) -> list[Task]:
+    """Returns up to ``limit`` tasks of ``split`` in the tiers and families given (None = all),
+    in the suite's seeded order."""
+    suite = load_suite(suite_name)
     chosen: list[Task] = []
-    for task in suite.tasks(split, seed=cfg.seed):
-        if task.tier in cfg.tiers and (cfg.families is None or task.family in cfg.families):
+    for task in suite.tasks(split, seed=seed):
+        if (tiers is None or task.tier in tiers) and (families is None or task.family in families):
             chosen.append(task)
             if limit is not None and len(chosen) >= limit:
                 break
     if not chosen:
-        raise ValueError(
-            f"no {split} tasks in suite {cfg.suite!r} with tiers {cfg.tiers} and families {cfg.families}"
-        )
+        raise ValueError(f"no {split} tasks in suite {suite_name!r} with tiers {tiers} and families {families}")
     return chosen
 
 
@@ -183,27 +191,23 @@ class Trainer:
         sets = {name: codes for name, codes in self.eval_sets().items() if codes}
         if not sets:
             return {}
+        targets = [EvalTarget(code, name) for name, codes in sets.items() for code in codes]
         result: EvalResult = evaluate(
-            self.policy, [c for codes in sets.values() for c in codes], self.eval_tasks, k=1,
+            self.policy, targets, self.eval_tasks, k=1,
             limits=self.limits, temperature=self.cfg.eval_temperature, max_new_tokens=self.cfg.max_new_tokens,
             seed=self.cfg.seed, max_concurrent=self.cfg.max_concurrent, env_workers=self.cfg.env_workers,
-            backend=self.cfg.sandbox_backend, progress=sys.stderr.isatty(),
+            backend=self.cfg.sandbox_backend, progress=sys.stderr.isatty(), design=self.design,
         )
         save_jsonl(result.trajectories, self.run_dir / "eval" / f"{label}.jsonl")
         out: dict[str, Any] = {}
         for name, codes in sets.items():
-            passed = [t.passed for t in result.trajectories if t.config in codes]
-            turns = sum(t.metrics.get("turns", 0) for t in result.trajectories if t.config in codes)
-            errors = sum(t.metrics.get("format_errors", 0) for t in result.trajectories if t.config in codes)
-            low, high = bootstrap_ci([float(p) for p in passed])
+            scores = result.per_group[name]
             out[name] = {
-                "pass_at_1": float(np.mean(passed)) if passed else 0.0,
-                "pass_at_1_ci": [low, high],
-                "episodes": len(passed),
-                "format_error_rate": errors / max(1, turns),
+                **{key: scores[key] for key in ("pass_at_1", "pass_at_1_ci", "episodes", "format_error_rate")},
                 "per_config": {c: result.per_config[c]["pass_at_1"] for c in codes if c in result.per_config},
+                "behaviour": rates(result.behaviour["per_group"][name]),
             }
-            self.log(f"eval[{label}] {name}: Pass@1 {out[name]['pass_at_1']:.3f} over {len(passed)} episodes")
+            self.log(f"eval[{label}] {name}: Pass@1 {out[name]['pass_at_1']:.3f} over {scores['episodes']} episodes")
         return out
 
     # -- one RL step --------------------------------------------------------------------------
@@ -410,7 +414,17 @@ class Trainer:
         summary = self.summary()
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
         (self.run_dir / "summary.md").write_text(format_summary(summary), encoding="utf-8")
+        self.write_report()
         return summary
+
+    def write_report(self) -> None:
+        """Writes report/ (HTML + Markdown); a failure is logged, never raised: the run is saved."""
+        from harnessrl.eval.report import write_run_report
+
+        try:
+            self.log(f"report: {write_run_report(self.run_dir)}")
+        except Exception as exc:  # the checkpoints and summary are already on disk
+            self.log(f"report failed ({type(exc).__name__}: {exc}); rebuild it with `harnessrl report {self.run_dir}`")
 
     def summary(self) -> dict[str, Any]:
         base, final = self.state.get("base_eval", {}), self.state.get("final_eval", {})

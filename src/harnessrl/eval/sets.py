@@ -1,0 +1,102 @@
+"""Evaluation sets: the one place a set spec (``held-out``, ``out-of-space``, codes, ...) becomes targets.
+
+A target is one harness to evaluate through, with the group it is reported under:
+``train`` (a configuration of the training design), ``in_space`` (any other configuration
+of the 243), ``out_of_space`` (a built-in harness outside the space) or ``external`` (an
+external agent program, ``ext:<name>``, resolved by the external-agents module when
+it is installed).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from harnessrl.design import Design
+from harnessrl.harness.harness import OUT_OF_SPACE_PRESETS, out_of_space_names
+
+EVAL_SETS: tuple[str, ...] = ("train", "design", "held-out", "out-of-space", "space", "all")
+GROUPS: tuple[str, ...] = ("train", "in_space", "out_of_space", "external")
+EXTERNAL_PREFIX = "ext:"
+# The module that knows external agent programs (issue 8): it must offer
+# ``external_agent_names() -> list[str]``.
+EXTERNAL_MODULE = "harnessrl.harness.external"
+
+
+@dataclass(frozen=True)
+class EvalTarget:
+    """One harness to evaluate through: its name (a code, an out-of-space name or ``ext:<name>``)
+    and the group it is reported under (one of ``GROUPS``)."""
+
+    name: str
+    group: str
+
+
+def external_agent_names() -> list[str]:
+    """Returns the external agent programs known to this install; raises ``ValueError`` naming
+    the fix when the external-agents module is not installed."""
+    try:
+        module = importlib.import_module(EXTERNAL_MODULE)
+    except ImportError:
+        raise ValueError(
+            f"external agent targets ({EXTERNAL_PREFIX}<name>) need the module {EXTERNAL_MODULE}, "
+            "which this install does not have; use 'out-of-space' for the built-in harnesses "
+            f"outside the space ({', '.join(out_of_space_names())}) or install the external-agents support"
+        ) from None
+    return list(module.external_agent_names())
+
+
+def resolve_eval_set(spec: str, design: Design, held_out: int = 18, seed: int = 0) -> list[EvalTarget]:
+    """Returns the targets of a comma-separated set spec, duplicates removed, in order.
+
+    Parts: ``train`` / ``design`` (the design's configurations), ``held-out`` (``held_out``
+    configurations outside the design, seeded), ``out-of-space`` (the built-in out-of-space
+    harnesses), ``space`` (all configurations of the space), ``all`` (train + held-out +
+    out-of-space), a configuration code, an out-of-space name, or ``ext:<name>``.
+    Raises ``ValueError`` with the fix for anything else.
+    """
+    train_codes = set(design.codes)
+
+    def in_space(code: str) -> EvalTarget:
+        return EvalTarget(code, "train" if code in train_codes else "in_space")
+
+    targets: list[EvalTarget] = []
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    for part in parts:
+        if part in ("train", "design", "all"):
+            targets += [EvalTarget(code, "train") for code in design.codes]
+        if part in ("held-out", "all"):
+            targets += [EvalTarget(c.code, "in_space") for c in design.held_out(held_out, seed).configs]
+        if part in ("out-of-space", "all"):
+            targets += [EvalTarget(name, "out_of_space") for name in out_of_space_names()]
+        if part in EVAL_SETS:
+            if part == "space":
+                targets += [in_space(c.code) for c in design.space.all_configs]
+            continue
+        if part in OUT_OF_SPACE_PRESETS:
+            targets.append(EvalTarget(part, "out_of_space"))
+        elif part.startswith(EXTERNAL_PREFIX):
+            name = part[len(EXTERNAL_PREFIX):]
+            known = external_agent_names()
+            if name not in known:
+                raise ValueError(
+                    f"unknown external agent {part!r}; known: "
+                    f"{', '.join(EXTERNAL_PREFIX + k for k in known) or '(none installed)'}"
+                )
+            targets.append(EvalTarget(part, "external"))
+        else:
+            try:
+                code = design.space.parse(part).code
+            except ValueError as exc:
+                raise ValueError(
+                    f"evaluation set part {part!r} is neither a set ({', '.join(EVAL_SETS)}), an "
+                    f"out-of-space harness ({', '.join(out_of_space_names())}), {EXTERNAL_PREFIX}<name>, "
+                    f"nor a configuration code: {exc}"
+                ) from None
+            targets.append(in_space(code))
+    if not targets:
+        raise ValueError(f"no harnesses in evaluation set {spec!r}; use codes or one of {', '.join(EVAL_SETS)}")
+    seen: dict[str, EvalTarget] = {}
+    for target in targets:
+        seen.setdefault(target.name, target)
+    return list(seen.values())

@@ -1,0 +1,146 @@
+"""`harnessrl eval` and `harnessrl report`: evaluate a policy or checkpoint; (re)build reports."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from harnessrl.design import DESIGN_KINDS, make_design
+from harnessrl.eval.sets import EVAL_SETS, resolve_eval_set
+from harnessrl.harness.harness import HarnessLimits
+from harnessrl.harness.registry import registered_space
+from harnessrl.policy import POLICY_SPECS, make_policy
+from harnessrl.policy.scripted import SCRIPTED_POLICIES
+
+
+def register(subparsers: Any) -> None:
+    """Adds the `eval` and `report` sub-commands."""
+    p = subparsers.add_parser(
+        "eval",
+        help="evaluate a policy or a run's checkpoint: Pass@1, pass@k, Avg@k, behaviours, report",
+        description="Runs every test task k times under every harness of the evaluation set and writes "
+        "results.json, trajectories.jsonl and report/ (HTML + Markdown) to --out.",
+    )
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--checkpoint", default=None, help="a run folder (newest checkpoint) or one checkpoint folder")
+    who.add_argument("--policy", default=None, help=f"policy spec (default embedded): {POLICY_SPECS}")
+    p.add_argument("--configs", default="held-out,out-of-space",
+                   help=f"evaluation set: comma-separated parts of {', '.join(EVAL_SETS)}, codes, "
+                   "out-of-space names or ext:<name>")
+    p.add_argument("--design", default=None, choices=DESIGN_KINDS,
+                   help="the training design `train` and distances refer to (default: the run's, else orthogonal)")
+    p.add_argument("--held-out", type=int, default=18, help="held-out in-space configurations (paper: 18)")
+    p.add_argument("--suite", default=None, help="task suite name or task file (default: the run's, else workspace)")
+    p.add_argument("--split", default="test", help="task split")
+    p.add_argument("--limit", type=int, default=16, help="test tasks per harness")
+    p.add_argument("--k", type=int, default=1, help="runs per task (pass@k and Avg@k; Harness-S: 3)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature (default: 0 for k=1, 0.7 for k>1 so that runs differ)")
+    p.add_argument("--max-turns", type=int, default=None, help="turn limit per episode")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per turn")
+    p.add_argument("--context-tokens", type=int, default=None, help="context window")
+    p.add_argument("--seed", type=int, default=0, help="seed of the held-out draw, task order and run r (seed + r)")
+    p.add_argument("--concurrent", type=int, default=16, help="episodes in flight")
+    p.add_argument("--workers", type=int, default=4, help="threads for sandbox steps")
+    p.add_argument("--backend", default="auto", help="sandbox backend: auto, bwrap, unshare, none")
+    p.add_argument("--device", default="auto", help="torch device of --checkpoint and embedded / hf: policies")
+    p.add_argument("--out", default=None, help="output folder (default: evals/<name>-<time>)")
+    p.add_argument("--json", action="store_true", help="print the results JSON instead of a table")
+    p.set_defaults(func=run_eval)
+
+    r = subparsers.add_parser(
+        "report",
+        help="(re)build the HTML and Markdown report of a run, eval or experiment folder",
+        description="Writes DIR/report/index.html and DIR/report/report.md from the files in DIR.",
+    )
+    r.add_argument("dir", help="a training run, an `harnessrl eval` output, or an experiment folder")
+    r.set_defaults(func=run_report)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from harnessrl.eval.evaluate import evaluate
+    from harnessrl.eval.report import write_eval_report
+    from harnessrl.rl.loop import select_tasks_from
+    from harnessrl.trajectory import save_jsonl
+
+    run_config: dict[str, Any] = {}
+    if args.checkpoint:
+        from harnessrl.rl.checkpoint import load_checkpoint_policy
+
+        policy, run_config = load_checkpoint_policy(args.checkpoint, device=args.device)
+        spec = args.checkpoint
+    else:
+        spec = args.policy or "embedded"
+        local_model = spec in ("embedded", "hf") or spec.startswith("hf:")
+        policy = make_policy(spec, args.seed, **({"device": args.device} if local_model else {}))
+    scripted = spec in SCRIPTED_POLICIES
+    limits = HarnessLimits(
+        max_turns=args.max_turns or run_config.get("max_turns") or HarnessLimits.max_turns,
+        max_new_tokens=args.max_new_tokens or run_config.get("max_new_tokens")
+        or (16_384 if scripted else HarnessLimits.max_new_tokens),
+        context_tokens=args.context_tokens or run_config.get("context_tokens")
+        or (262_144 if scripted else HarnessLimits.context_tokens),
+    )
+    design = make_design(
+        registered_space(), args.design or run_config.get("design", "orthogonal"),
+        n=run_config.get("design_n"), seed=run_config.get("seed", 0), base=run_config.get("base_harness"),
+    )
+    targets = resolve_eval_set(args.configs, design, held_out=args.held_out, seed=args.seed)
+    suite = args.suite or run_config.get("suite", "workspace")
+    tasks = select_tasks_from(suite, args.split, args.limit, args.seed, run_config.get("tiers"), run_config.get("families"))
+    temperature = args.temperature if args.temperature is not None else (0.0 if args.k == 1 else 0.7)
+    result = evaluate(
+        policy, targets, tasks, k=args.k, limits=limits, temperature=temperature,
+        max_new_tokens=limits.max_new_tokens, seed=args.seed, max_concurrent=args.concurrent,
+        env_workers=args.workers, backend=args.backend, progress=not args.json and sys.stderr.isatty(),
+        design=design,
+    )
+    name = Path(args.checkpoint).name if args.checkpoint else spec.replace(":", "-").replace("/", "-")[:40]
+    out = Path(args.out or f"evals/{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    results = result.to_dict()
+    results["meta"] = {
+        "policy": policy.name, "source": spec, "configs": args.configs, "design": design.kind,
+        "suite": suite, "split": args.split, "tasks": len(tasks), "k": args.k, "temperature": temperature,
+        "seed": args.seed, "model": run_config.get("model"), "targets": [t.name for t in targets],
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+    save_jsonl(result.trajectories, out / "trajectories.jsonl")
+    report = write_eval_report(out, results, result.trajectories, run_config.get("model"))
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print(f"{'set':<22} {'Pass@1':>7} {'pass@k':>7} {'Avg@k':>7} {'units':>6}")
+        rows = [("overall", results), *sorted(results["per_group"].items())]
+        for label, s in rows:
+            pk = "n/a" if s["pass_at_k"] is None else f"{100 * s['pass_at_k']:.1f}"
+            print(f"{label:<22} {100 * s['pass_at_1']:>7.1f} {pk:>7} {100 * s['avg_at_k']:>7.1f} {s['tasks']:>6}")
+        print(f"results: {out / 'results.json'}\nreport:  {report}")
+    sys.stdout.flush()
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from harnessrl.eval.report import write_eval_report, write_run_report
+
+    folder = Path(args.dir)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such folder; pass a run, eval or experiment folder")
+    if (folder / "experiment.json").exists():
+        from harnessrl.experiment import write_experiment_report
+
+        path = write_experiment_report(folder)
+    elif (folder / "config.json").exists():
+        path = write_run_report(folder)
+    elif (folder / "results.json").exists():
+        path = write_eval_report(folder)
+    else:
+        raise FileNotFoundError(
+            f"{folder}: not a run (config.json), an eval output (results.json) or an experiment (experiment.json)"
+        )
+    print(path)
+    return 0

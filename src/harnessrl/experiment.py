@@ -1,0 +1,448 @@
+"""The experiment suite: training arms under one matched budget, evaluated the same way, compared.
+
+An experiment file (YAML) names a ``base`` training config shared by every arm, the
+``seeds``, one ``eval`` protocol, and the ``arms``. An arm may change only what the paper's
+ablations change: the design (single / first-order / orthogonal / random / full), the
+pairing strategy and K. Everything that sets the budget (optimizer steps, tasks and rollouts
+per step, turns, warm start) comes from ``base``, so every arm gets the same budget by
+construction. Each (arm, seed) is a training run via ``rl/loop.py`` in
+``DIR/arms/<arm>-seed<seed>/``, followed by the shared evaluation; a marker
+``arm_result.json`` is written atomically after it, so a re-run skips finished arms and a
+killed suite resumes (a half-trained arm continues from its last checkpoint).
+
+The comparison table has the paper's shape: in-space, out-of-space, overall (their mean,
+as the paper's overall averages in-space and Claude Code) and the gain over the reference
+arm (single harness H0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from harnessrl.rl.config import TrainConfig, load_config
+
+Logger = Callable[[str], None]
+ARM_FIELDS = ("design", "design_n", "base_harness", "pairing", "k")
+# Set by the experiment for every arm; a base config must not set them.
+MANAGED_FIELDS = ("run_dir", "seed", "eval_held_out", "eval_out_of_space", "eval_base", "eval_every")
+MARKER = "arm_result.json"
+
+
+class ArmSpec(BaseModel):
+    """One training arm: what it changes relative to the base config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="arm name (a folder name: letters, digits, '-', '_', '.')")
+    description: str = Field("", description="what this arm is, for the report")
+    design: Literal["orthogonal", "first-order", "random", "full", "single"] | None = Field(None, description="training design")
+    design_n: int | None = Field(None, ge=1, description="size of a random design (paper: 18)")
+    base_harness: str | None = Field(None, description="H0 for single / first-order designs")
+    pairing: Literal["neighbour", "repeat", "random"] | None = Field(None, description="pairing strategy")
+    k: int | None = Field(None, ge=1, description="configurations per task (paper: 2)")
+
+
+class EvalSpec(BaseModel):
+    """The evaluation every arm gets, identical across arms."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    configs: str = Field("held-out,out-of-space", description="evaluation set (see resolve_eval_set)")
+    design: Literal["orthogonal", "first-order", "random", "full", "single"] = Field(
+        "orthogonal", description="the design held-out configurations are drawn against (the paper's OA(18))")
+    held_out: int = Field(18, ge=0, description="held-out in-space configurations (paper: 18)")
+    tasks: int = Field(16, ge=1, description="test tasks per harness")
+    k: int = Field(1, ge=1, description="runs per task")
+    temperature: float = Field(0.0, ge=0.0, description="sampling temperature (0 = greedy)")
+    seed: int = Field(0, description="seed of the held-out draw and of the test-task order")
+
+
+class ExperimentSpec(BaseModel):
+    """An experiment file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="experiment name (default output folder experiments/<name>)")
+    description: str = Field("", description="what is compared, for the report")
+    base: dict[str, Any] = Field(default_factory=dict, description="TrainConfig fields shared by every arm; may name a preset")
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="training seeds of every arm")
+    reference: str | None = Field(None, description="arm the gains are measured against (default: the first arm)")
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    arms: list[ArmSpec] = Field(min_length=1, description="the arms")
+
+
+def _spec_error(path: str, exc: ValidationError) -> str:
+    lines = [f"{path}: invalid experiment file"]
+    for err in exc.errors():
+        loc = list(err["loc"])
+        where = ".".join(str(p) for p in loc) or "(root)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            if loc[:1] == ["arms"]:
+                msg = f"unknown arm field; an arm may set only: name, description, {', '.join(ARM_FIELDS)} (budget fields go in base)"
+            elif loc[:1] == ["eval"]:
+                msg = f"unknown eval field; valid: {', '.join(EvalSpec.model_fields)}"
+            else:
+                msg = f"unknown field; valid top-level fields: {', '.join(ExperimentSpec.model_fields)}"
+        lines.append(f"  field {where}: {msg}")
+    return "\n".join(lines)
+
+
+def load_experiment(path: str | Path) -> ExperimentSpec:
+    """Returns the validated experiment; raises ``ValueError`` naming file, field and fix."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping with name, base, seeds, eval and arms at the top level")
+    try:
+        spec = ExperimentSpec(**data)
+    except ValidationError as exc:
+        raise ValueError(_spec_error(str(path), exc)) from None
+    names = [arm.name for arm in spec.arms]
+    for arm in spec.arms:
+        if not arm.name or any(not (c.isalnum() or c in "-_.") for c in arm.name):
+            raise ValueError(f"{path}: field arms.{arm.name!r}.name: use letters, digits, '-', '_' or '.' only")
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"{path}: field arms: arm names repeat ({', '.join(duplicates)}); give each arm its own name")
+    if spec.reference is not None and spec.reference not in names:
+        raise ValueError(f"{path}: field reference: {spec.reference!r} is not an arm; choose one of {', '.join(names)}")
+    for name in MANAGED_FIELDS:
+        if name in spec.base:
+            raise ValueError(f"{path}: field base.{name}: set by the experiment for every arm; remove it "
+                             "(seeds go in `seeds`, evaluation in `eval`)")
+    from harnessrl.design import make_design
+    from harnessrl.harness.registry import registered_space
+
+    for arm in spec.arms:  # every arm must build a valid training config and schedule
+        cfg = arm_config(spec, arm, spec.seeds[0], Path("/nonexistent"), source=str(path))
+        try:
+            size = len(make_design(registered_space(), cfg.design, n=cfg.design_n, seed=cfg.seed, base=cfg.base_harness))
+        except ValueError as exc:
+            raise ValueError(f"{path}: arm {arm.name!r}: field design: {exc}") from None
+        if cfg.pairing != "repeat" and cfg.k > size:
+            raise ValueError(
+                f"{path}: arm {arm.name!r}: field k: K={cfg.k} with {cfg.pairing} pairing needs {cfg.k} distinct "
+                f"configurations, the {cfg.design} design has {size}; set pairing: repeat (the same harness on "
+                f"K successive steps) or k: {size}"
+            )
+    return spec
+
+
+def arm_id(arm: ArmSpec, seed: int) -> str:
+    return f"{arm.name}-seed{seed}"
+
+
+def arm_config(spec: ExperimentSpec, arm: ArmSpec, seed: int, out_dir: Path, source: str = "experiment") -> TrainConfig:
+    """Returns the training config of one (arm, seed): base, then the arm's changes, then
+    what the experiment manages (seed, run folder, no built-in evaluation)."""
+    base = dict(spec.base)
+    preset = base.pop("preset", None)
+    overrides = {**base, **arm.model_dump(include=set(ARM_FIELDS), exclude_none=True),
+                 "seed": seed, "run_dir": str(out_dir / "arms" / arm_id(arm, seed)),
+                 "eval_held_out": 0, "eval_out_of_space": False, "eval_base": False, "eval_every": 0}
+    try:
+        return load_config(None, preset or "quick", overrides)
+    except ValueError as exc:
+        # load_config names its source "overrides": say which fields of the file they are
+        where = "base" if set(_bad_fields(str(exc))) <= set(base) | {"preset"} else "arm"
+        text = str(exc).replace("overrides: invalid training config", "invalid training config", 1)
+        if where == "base":
+            text = text.replace("  field ", "  field base.")
+        raise ValueError(f"{source}: arm {arm.name!r}: {text}") from None
+
+
+def _bad_fields(message: str) -> list[str]:
+    return [line.split("field ", 1)[1].split(":", 1)[0] for line in message.splitlines() if line.startswith("  field ")]
+
+
+BUDGET_FIELDS = ("steps", "tasks_per_step", "group_size", "max_turns", "max_new_tokens", "context_tokens",
+                 "max_train_tasks", "sft_warm_start_steps", "sft_tasks", "algorithm", "model")
+
+
+def budget(cfg: TrainConfig) -> dict[str, Any]:
+    """Returns the fields that make up an arm's budget (equal across arms by construction)."""
+    return {name: getattr(cfg, name) for name in BUDGET_FIELDS}
+
+
+def _write_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run_experiment(spec: ExperimentSpec, out_dir: str | Path, log: Logger = print, source: str = "") -> dict[str, Any]:
+    """Runs every unfinished (arm, seed), evaluates it, and writes the table and report;
+    returns the comparison."""
+    from harnessrl.design import make_design
+    from harnessrl.eval.evaluate import evaluate
+    from harnessrl.eval.report import write_run_report
+    from harnessrl.eval.sets import resolve_eval_set
+    from harnessrl.harness.registry import registered_space
+    from harnessrl.rl.loop import Trainer, select_tasks_from
+    from harnessrl.trajectory import save_jsonl
+
+    out = Path(out_dir)
+    (out / "arms").mkdir(parents=True, exist_ok=True)
+    configs = {arm_id(arm, seed): arm_config(spec, arm, seed, out) for arm in spec.arms for seed in spec.seeds}
+    budgets = {json.dumps(budget(c), sort_keys=True) for c in configs.values()}
+    if len(budgets) != 1:  # cannot happen while arms may only set ARM_FIELDS; checked anyway
+        raise ValueError(f"arms of {spec.name} do not share one budget: {sorted(budgets)}")
+    eval_design = make_design(registered_space(), spec.eval.design, seed=spec.eval.seed)
+    targets = resolve_eval_set(spec.eval.configs, eval_design, held_out=spec.eval.held_out, seed=spec.eval.seed)
+    _write_atomic(out / "experiment.json", {
+        "spec": spec.model_dump(), "source": source, "budget": budget(next(iter(configs.values()))),
+        "targets": [[t.name, t.group] for t in targets],
+        "runs": [{"arm": arm.name, "seed": seed, "id": arm_id(arm, seed)} for arm in spec.arms for seed in spec.seeds],
+    })
+    for arm in spec.arms:
+        for seed in spec.seeds:
+            run_id = arm_id(arm, seed)
+            cfg = configs[run_id]
+            run_dir = Path(cfg.run_dir)
+            marker = run_dir / MARKER
+            if marker.exists():
+                done = json.loads(marker.read_text(encoding="utf-8"))
+                if done.get("config") != cfg.model_dump() or done.get("eval") != spec.eval.model_dump():
+                    raise ValueError(
+                        f"{run_dir}: finished with a different config or evaluation than {source or spec.name} "
+                        "now asks for; delete that folder to rerun the arm, or give the arm a new name"
+                    )
+                log(f"[{run_id}] finished earlier: skipped")
+                continue
+            log(f"[{run_id}] training: design {cfg.design}, pairing {cfg.pairing}, K={cfg.k}, {cfg.steps} steps")
+            started = time.time()
+            trainer = Trainer(cfg, resume=True, log=lambda m, r=run_id: log(f"[{r}] {m}"))
+            trainer.run()
+            tasks = select_tasks_from(cfg.suite, cfg.eval_split, spec.eval.tasks, spec.eval.seed, cfg.tiers, cfg.families)
+            result = evaluate(
+                trainer.policy, targets, tasks, k=spec.eval.k, limits=trainer.limits,
+                temperature=spec.eval.temperature, max_new_tokens=cfg.max_new_tokens, seed=spec.eval.seed,
+                max_concurrent=cfg.max_concurrent, env_workers=cfg.env_workers, backend=cfg.sandbox_backend,
+                design=trainer.design,
+            )
+            save_jsonl(result.trajectories, run_dir / "eval" / "experiment.jsonl")
+            results = result.to_dict()
+            _write_atomic(marker, {
+                "arm": arm.model_dump(), "seed": seed, "config": cfg.model_dump(), "eval": spec.eval.model_dump(),
+                "train_configs": trainer.design.codes, "results": results,
+                "wall_time_s": round(time.time() - started, 1), "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            })
+            in_space = results["per_group"].get("in_space", {}).get("pass_at_1")
+            log(f"[{run_id}] evaluated: in-space Pass@1 {in_space}")
+            write_run_report(run_dir)
+            del trainer
+    comparison = compare(out)
+    write_experiment_report(out)
+    return comparison
+
+
+def _finished(out: Path, spec: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    by_arm: dict[str, list[dict[str, Any]]] = {}
+    for arm in spec["arms"]:
+        for seed in spec["seeds"]:
+            marker = out / "arms" / f"{arm['name']}-seed{seed}" / MARKER
+            if marker.exists():
+                by_arm.setdefault(arm["name"], []).append(json.loads(marker.read_text(encoding="utf-8")))
+    return by_arm
+
+
+def compare(out_dir: str | Path) -> dict[str, Any]:
+    """Returns the comparison of the finished arms of an experiment folder: per arm, Pass@1
+    in-space / out-of-space / overall (mean over seeds, pooled 95% interval) and the gain
+    over the reference arm."""
+    from harnessrl.eval.evaluate import score_trajectories
+    from harnessrl.eval.metrics import bootstrap_ci_mean_of_means
+    from harnessrl.trajectory import load_jsonl
+
+    out = Path(out_dir)
+    meta = json.loads((out / "experiment.json").read_text(encoding="utf-8"))
+    spec = meta["spec"]
+    groups = {name: group for name, group in meta["targets"]}
+    finished = _finished(out, spec)
+    rows: dict[str, dict[str, Any]] = {}
+    for arm in spec["arms"]:
+        markers = finished.get(arm["name"], [])
+        if not markers:
+            continue
+        row: dict[str, Any] = {"arm": arm["name"], "description": arm.get("description", ""),
+                               "design": markers[0]["config"]["design"], "train_configs": len(markers[0]["train_configs"]),
+                               "pairing": markers[0]["config"]["pairing"], "k": markers[0]["config"]["k"],
+                               "seeds": [m["seed"] for m in markers]}
+        pooled = []
+        for m in markers:
+            path = out / "arms" / f"{arm['name']}-seed{m['seed']}" / "eval" / "experiment.jsonl"
+            pooled += load_jsonl(path) if path.exists() else []
+        pooled_scores = score_trajectories(pooled, spec["eval"]["k"], groups).to_dict() if pooled else {"per_group": {}}
+        for group in ("in_space", "out_of_space"):
+            values = [m["results"]["per_group"][group]["pass_at_1"] for m in markers if group in m["results"]["per_group"]]
+            row[group] = float(np.mean(values)) if values else None
+            row[f"{group}_seed_std"] = float(np.std(values)) if len(values) > 1 else None
+            row[f"{group}_ci"] = pooled_scores["per_group"].get(group, {}).get("pass_at_1_ci")
+        parts = [row[g] for g in ("in_space", "out_of_space") if row[g] is not None]
+        row["overall"] = float(np.mean(parts)) if parts else None
+        row["overall_ci"] = list(bootstrap_ci_mean_of_means(
+            [unit_scores(pooled, groups, g) for g in ("in_space", "out_of_space")])) if pooled else None
+        row["behaviour"] = {name: cell["rate"] for name, cell in pooled_scores.get("behaviour", {}).get("overall", {}).items()}
+        row["wall_time_s"] = sum(m.get("wall_time_s", 0.0) for m in markers)
+        rows[arm["name"]] = row
+    reference = spec.get("reference") or spec["arms"][0]["name"]
+    ref = rows.get(reference)
+    for row in rows.values():
+        for key in ("in_space", "out_of_space", "overall"):
+            gain = None
+            if ref is not None and row[key] is not None and ref[key] is not None:
+                gain = row[key] - ref[key]
+            row[f"gain_{key}"] = gain
+    result = {"name": spec["name"], "reference": reference, "budget": meta["budget"], "seeds": spec["seeds"],
+              "eval": spec["eval"], "arms": list(rows.values()),
+              "missing": [f"{a['name']}-seed{s}" for a in spec["arms"] for s in spec["seeds"]
+                          if not (out / "arms" / f"{a['name']}-seed{s}" / MARKER).exists()]}
+    _write_atomic(out / "comparison.json", result)
+    (out / "comparison.md").write_text(comparison_markdown(result), encoding="utf-8")
+    return result
+
+
+def unit_scores(trajectories: list[Any], groups: dict[str, str], group: str) -> list[float]:
+    """Returns the Pass@1 of each (task, harness) unit of one group (the mean over its runs)."""
+    units: dict[tuple[str, str], list[bool]] = {}
+    for t in trajectories:
+        if groups.get(t.config, "out_of_space" if t.out_of_space else "in_space") == group:
+            units.setdefault((t.task_id, t.config), []).append(bool(t.passed))
+    return [sum(runs) / len(runs) for runs in units.values()]
+
+
+def comparison_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Returns the paper-shaped table: headers and one row per arm."""
+    from harnessrl.eval.report import pct, pct_ci, signed
+
+    headers = ["arm", "design (configs)", "pairing, K", "seeds", "in-space Pass@1", "95% CI", "out-of-space Pass@1",
+               "95% CI", "overall", "95% CI", f"gain in-space vs {result['reference']}", "gain overall"]
+    rows = [[r["arm"], f"{r['design']} ({r['train_configs']})", f"{r['pairing']}, K={r['k']}", len(r["seeds"]),
+             pct(r["in_space"]), pct_ci(r["in_space_ci"]), pct(r["out_of_space"]), pct_ci(r["out_of_space_ci"]),
+             pct(r["overall"]), pct_ci(r.get("overall_ci")), signed(r["gain_in_space"]), signed(r["gain_overall"])] for r in result["arms"]]
+    return headers, rows
+
+
+def comparison_markdown(result: dict[str, Any]) -> str:
+    """Returns the comparison table as Markdown, with the budget it was run under."""
+    headers, rows = comparison_rows(result)
+    b = result["budget"]
+    lines = [f"# Experiment `{result['name']}`", "",
+             f"Budget per arm: {b['steps']} {b['algorithm'].upper()} steps x {b['tasks_per_step']} tasks x "
+             f"{b['group_size']} rollouts, at most {b['max_turns']} turns of {b['max_new_tokens']} tokens, "
+             f"SFT warm start {b['sft_warm_start_steps']} steps on {b['sft_tasks']} demonstrations; model {b['model']}; "
+             f"seeds {result['seeds']}. Evaluation: {result['eval']['configs']} ({result['eval']['held_out']} held-out), "
+             f"{result['eval']['tasks']} tasks per harness, k={result['eval']['k']}, temperature {result['eval']['temperature']}.",
+             "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    if result["missing"]:
+        lines += ["", f"Not finished yet: {', '.join(result['missing'])}."]
+    return "\n".join(lines) + "\n"
+
+
+def write_experiment_report(out_dir: str | Path) -> Path:
+    """(Re)builds DIR/report/ of an experiment: the comparison table, bars, learning curves,
+    per-level heatmaps and distance curves per arm, behaviours, sample transcripts."""
+    from harnessrl.eval.behaviour import BEHAVIOURS
+    from harnessrl.eval.report import (
+        Doc,
+        eval_sections,
+        make_decoder,
+        pct,
+        plot_distance,
+        plot_learning_curves,
+        plot_level_heatmap,
+        pyplot,
+        read_jsonl_records,
+    )
+    from harnessrl.trajectory import load_jsonl
+
+    out = Path(out_dir)
+    result = compare(out)
+    spec = json.loads((out / "experiment.json").read_text(encoding="utf-8"))["spec"]
+    doc = Doc(f"Experiment {result['name']}", out / "report")
+    if spec.get("description"):
+        doc.para(spec["description"])
+    doc.para(comparison_markdown(result).splitlines()[2])
+    doc.heading("Comparison")
+    headers, rows = comparison_rows(result)
+    doc.table(headers, rows)
+    if result["missing"]:
+        doc.para(f"Not finished yet: {', '.join(result['missing'])}.")
+    arms = result["arms"]
+    if arms:
+        plt = pyplot()
+        fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(arms) + 2), 3.6))
+        xs = np.arange(len(arms))
+        for offset, key, colour in ((-0.27, "in_space", "#1e88e5"), (0.0, "out_of_space", "#fb8c00"), (0.27, "overall", "#43a047")):
+            values = [100 * (a[key] or 0.0) for a in arms]
+            errors = None
+            if key != "overall":
+                lows = [100 * ((a[f"{key}_ci"] or [a[key] or 0.0])[0]) for a in arms]
+                highs = [100 * ((a[f"{key}_ci"] or [0.0, a[key] or 0.0])[-1]) for a in arms]
+                errors = [[max(0.0, v - lo) for v, lo in zip(values, lows, strict=True)],
+                          [max(0.0, hi - v) for v, hi in zip(values, highs, strict=True)]]
+            ax.bar(xs + offset, values, 0.27, yerr=errors, capsize=3, label=key.replace("_", "-"), color=colour)
+        ax.set_xticks(xs, [a["arm"] for a in arms], rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("Pass@1 (%)")
+        ax.set_ylim(0, 100)
+        ax.legend(fontsize=8)
+        doc.figure("comparison", fig, "Pass@1 per arm (mean over seeds; bars: pooled 95% bootstrap interval)")
+        series: dict[str, list[dict[str, Any]]] = {}
+        for arm in arms:
+            per_seed = [read_jsonl_records(out / "arms" / f"{arm['arm']}-seed{s}" / "metrics.jsonl") for s in arm["seeds"]]
+            steps = sorted({r["step"] for records in per_seed for r in records})
+            series[arm["arm"]] = [
+                {"step": step, **{key: float(np.mean([r[key] for records in per_seed for r in records if r["step"] == step]))
+                                  for key in ("reward_mean", "pass_rate")}}
+                for step in steps
+            ]
+        doc.heading("Learning curves")
+        doc.figure("learning-curves", plot_learning_curves(series, ["reward_mean", "pass_rate"]),
+                   "Training rollouts per step, mean over seeds")
+        doc.heading("Per factor level and distance to training")
+        curves = {}
+        for arm in arms:
+            trajectories = []
+            for s in arm["seeds"]:
+                path = out / "arms" / f"{arm['arm']}-seed{s}" / "eval" / "experiment.jsonl"
+                trajectories += load_jsonl(path) if path.exists() else []
+            marker = json.loads((out / "arms" / f"{arm['arm']}-seed{arm['seeds'][0]}" / MARKER).read_text(encoding="utf-8"))
+            analysis = marker["results"].get("analysis") or {}
+            if analysis.get("marginals"):
+                doc.figure(f"levels-{arm['arm']}", plot_level_heatmap(analysis["marginals"], arm["arm"]),
+                           f"{arm['arm']}: Pass@1 per factor level (seed {arm['seeds'][0]})")
+            if analysis.get("distance"):
+                curves[arm["arm"]] = analysis["distance"]
+        if curves:
+            doc.figure("distance", plot_distance(curves), "Pass@1 against distance to each arm's nearest training configuration")
+        doc.heading("Behaviour metrics (pooled over seeds)")
+        doc.table(["arm", *BEHAVIOURS], [[a["arm"], *[pct(a["behaviour"].get(b)) for b in BEHAVIOURS]] for a in arms])
+        best = max(arms, key=lambda a: a["overall"] or 0.0)
+        path = out / "arms" / f"{best['arm']}-seed{best['seeds'][0]}" / "eval" / "experiment.jsonl"
+        if path.exists():
+            trajectories = load_jsonl(path)
+            marker = json.loads((out / "arms" / f"{best['arm']}-seed{best['seeds'][0]}" / MARKER).read_text(encoding="utf-8"))
+            doc.heading(f"Best arm in detail: {best['arm']} (seed {best['seeds'][0]})")
+            eval_sections(doc, marker["results"], trajectories, f"best-{best['arm']}",
+                          decode=make_decoder(trajectories, marker["config"].get("model")))
+        doc.heading("Runs")
+        for arm in arms:
+            for s in arm["seeds"]:
+                run = out / "arms" / f"{arm['arm']}-seed{s}"
+                if (run / "report" / "index.html").exists():
+                    doc.link(f"{arm['arm']} seed {s}: training report", f"../arms/{run.name}/report/index.html")
+    return doc.write()

@@ -1,0 +1,57 @@
+"""`harnessrl experiment FILE.yaml`: run the arms of an experiment under one budget and compare them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Adds the `experiment` sub-command."""
+    p = subparsers.add_parser(
+        "experiment",
+        help="run training arms with a matched budget, evaluate each the same way, compare (table + report)",
+        description="Runs every (arm, seed) of the experiment file that has not finished yet, evaluates it, and "
+        "writes comparison.md, comparison.json and report/ to the output folder. Re-running skips finished arms "
+        "and resumes a killed one from its last checkpoint.",
+    )
+    p.add_argument("file", help="experiment YAML (see configs/paper_ablation.yaml)")
+    p.add_argument("--out", default=None, help="output folder (default: experiments/<name>)")
+    p.add_argument("--dry-run", action="store_true", help="validate the file and print the arms and budget; run nothing")
+    p.set_defaults(func=run_experiment_cli)
+
+
+def run_experiment_cli(args: argparse.Namespace) -> int:
+    from harnessrl.experiment import (
+        arm_config,
+        arm_id,
+        budget,
+        comparison_markdown,
+        load_experiment,
+        run_experiment,
+    )
+
+    spec = load_experiment(args.file)
+    out = Path(args.out or f"experiments/{spec.name}")
+    if args.dry_run:
+        first = arm_config(spec, spec.arms[0], spec.seeds[0], out)
+        print(f"experiment {spec.name}: {len(spec.arms)} arms x {len(spec.seeds)} seeds -> {out}")
+        print(f"budget per arm: {budget(first)}")
+        for arm in spec.arms:
+            cfg = arm_config(spec, arm, spec.seeds[0], out)
+            print(f"  {arm_id(arm, spec.seeds[0]).rsplit('-seed', 1)[0]:<22} design {cfg.design:<12} "
+                  f"pairing {cfg.pairing:<10} K={cfg.k}")
+        return 0
+
+    def log(message: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+    result = run_experiment(spec, out, log=log, source=args.file)
+    print()
+    print(comparison_markdown(result))
+    print(f"report: {out / 'report' / 'index.html'}")
+    sys.stdout.flush()
+    return 0

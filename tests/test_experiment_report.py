@@ -1,0 +1,268 @@
+"""Experiments and reports: experiment files fail with clear errors; a tiny two-arm experiment
+trains, evaluates, skips finished arms on re-run, resumes a lost one, and writes the table,
+the plots and an HTML report that opens in headless Chromium without errors."""
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from harnessrl.eval.report import Doc
+from harnessrl.experiment import load_experiment
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+REQUIRE_CHROMIUM = bool(os.environ.get("CI")) or os.environ.get("HARNESSRL_REQUIRE_CHROMIUM") == "1"
+
+
+# --- headless Chromium ------------------------------------------------------------------------
+
+
+def chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def browser_check(page: Path) -> dict:
+    """Opens ``page`` in headless Chromium and returns the page's own check (script errors,
+    broken images) plus the console errors Chromium logged."""
+    binary = chromium()
+    if binary is None:
+        if REQUIRE_CHROMIUM:
+            pytest.fail("chromium is required here (CI or HARNESSRL_REQUIRE_CHROMIUM=1): apt-get install chromium")
+        pytest.skip("chromium is not installed (apt-get install chromium; `make system-deps` does it as root)")
+    with tempfile.TemporaryDirectory() as profile:
+        done = subprocess.run(
+            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000",
+             "--dump-dom", page.resolve().as_uri()],
+            capture_output=True, text=True, timeout=120,
+        )
+    assert done.returncode == 0, done.stderr[-2000:]
+    marker = 'data-report-check="'
+    assert marker in done.stdout, "the page's load check did not run"
+    raw = done.stdout.split(marker, 1)[1].split('"', 1)[0]
+    check = json.loads(raw.replace("&quot;", '"').replace("&amp;", "&"))
+    check["console_errors"] = [line for line in done.stderr.splitlines() if "CONSOLE" in line and "rror" in line]
+    return check
+
+
+def test_browser_check_catches_a_script_error_and_a_missing_image(tmp_path):
+    doc = Doc("broken", tmp_path / "broken")
+    doc.para("x")
+    doc.blocks.append(("figure", ("img/missing.png", "not there")))
+    page = doc.write()
+    page.write_text(page.read_text().replace("</body>", "<script>undefinedFunction();</script></body>"))
+    check = browser_check(page)
+    assert check["broken_images"] == ["img/missing.png"]
+    assert any("undefinedFunction" in e for e in check["errors"])
+
+
+def test_run_report_is_built_from_the_files_of_a_run(tmp_path):
+    from harnessrl.eval.report import write_run_report
+    from harnessrl.harness.harness import Harness, HarnessLimits
+    from harnessrl.policy.scripted import OraclePolicy, RandomPolicy
+    from harnessrl.rl.config import load_config
+    from harnessrl.rollout import RolloutEngine, RolloutJob
+    from harnessrl.tasks.suite import load_suite
+    from harnessrl.trajectory import save_jsonl
+
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    cfg = load_config(preset="quick", overrides={"run_dir": str(run)})
+    (run / "config.json").write_text(cfg.model_dump_json())
+    limits = HarnessLimits(max_turns=6, max_new_tokens=16_384, context_tokens=262_144)
+    tasks = list(load_suite("workspace").tasks("test", limit=2, seed=1))
+    jobs = [RolloutJob(t, Harness.named(code, limits)) for code in ("S1-T2-O1-C1-W0", "S0-T0-O0-C0-W1", "codex-like") for t in tasks]
+    for name, policy in (("final", OraclePolicy()), ("base", RandomPolicy(seed=0))):
+        trajectories, _ = RolloutEngine(policy).run(jobs)
+        save_jsonl(trajectories, run / "eval" / f"{name}.jsonl")
+    records = [{"step": s, "reward_mean": 0.25 * s, "pass_rate": 0.25 * s, "no_signal_fraction": 0.5, "trained_samples": 4,
+                "format_errors": 1, "pairs": [["t1", "S0-T0-O0-C0-W0"]], "eval": {"in_space": {"pass_at_1": 0.1 * s}}}
+               for s in range(3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    page = write_run_report(run)
+    html = page.read_text()
+    for name in ("learning-curves", "eval-curve", "final-per-config", "final-levels", "final-distance"):
+        assert (run / "report" / "img" / f"{name}.png").stat().st_size > 1000, name
+    assert "before (overall)" in html  # base vs final behaviours
+    assert "[system]" in html and "[task]" in html and "[policy]" in html and "[observation]" in html
+    markdown = (run / "report" / "report.md").read_text()
+    assert "| in-space (held-out) | 100.0 |" in markdown and "![Pass@1 per harness" in markdown
+    check = browser_check(page)
+    assert check["errors"] == [] and check["broken_images"] == [] and check["images"] >= 5
+
+
+# --- experiment files -------------------------------------------------------------------------
+
+
+def write(tmp_path, text, name="exp.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+GOOD = """
+name: t
+base: {preset: quick}
+arms:
+  - {name: single, design: single, pairing: repeat, k: 2}
+  - {name: oa, design: orthogonal}
+"""
+
+
+def test_the_paper_and_cpu_experiments_load_with_the_papers_arms():
+    paper = load_experiment(CONFIGS / "paper_ablation.yaml")
+    arms = {a.name: a for a in paper.arms}
+    assert {a.design for a in paper.arms} == {"single", "first-order", "orthogonal", "random", "full"}
+    assert sorted(a.k for a in paper.arms if a.design == "orthogonal" and a.pairing == "neighbour") == [1, 2, 4]
+    assert arms["orthogonal-repeat2"].pairing == "repeat" and arms["orthogonal-random-pairing"].pairing == "random"
+    assert arms["random-18"].design_n == 18 and len(paper.seeds) >= 3 and paper.reference == "single-H0"
+    assert paper.base["preset"] == "paper" and paper.eval.held_out == 18
+    cpu = load_experiment(CONFIGS / "cpu_ablation.yaml")
+    assert [a.name for a in cpu.arms] == ["single-H0", "orthogonal-18"]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("name: t\narms: [ {name: a, design: single", "not valid YAML"),
+    (GOOD.replace("k: 2}", "k: 2, steps: 5}"), r"(?s)arms\.0\.steps: unknown arm field.*budget fields go in base"),
+    (GOOD.replace("base: {preset: quick}", "base: {preset: quick, seed: 3}"), r"base\.seed: set by the experiment"),
+    (GOOD.replace("base: {preset: quick}", "base: {preset: quick, stepz: 3}"), r"(?s)arm 'single'.*field base\.stepz: unknown field; valid fields are"),
+    (GOOD + "reference: nope\n", r"field reference: 'nope' is not an arm"),
+    (GOOD.replace("pairing: repeat, k: 2", "k: 2"), r"field k: K=2 with neighbour pairing needs 2.*pairing: repeat"),
+    (GOOD.replace("name: oa", "name: single"), "arm names repeat"),
+    (GOOD + "colour: red\n", r"field colour: unknown field"),
+])
+def test_bad_experiment_files_name_file_field_and_fix(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ValueError, match=message) as info:
+        load_experiment(path)
+    assert str(path) in str(info.value)
+
+
+# --- a tiny experiment end to end ---------------------------------------------------------------
+
+torch = pytest.importorskip("torch", reason="torch is installed by `make test`")
+transformers = pytest.importorskip("transformers", reason="transformers is installed by `make test`")
+
+
+def tiny_experiment(tmp_path, model):
+    return write(tmp_path, f"""
+name: tiny
+base:
+  preset: quick
+  model: {model}
+  steps: 1
+  tasks_per_step: 1
+  group_size: 2
+  max_turns: 1
+  max_new_tokens: 8
+  max_train_tasks: 4
+  sft_warm_start_steps: 1
+  sft_tasks: 1
+  learning_rate: 0.001
+  save_every: 1
+seeds: [5]
+reference: single
+eval: {{configs: "held-out,codex-like", held_out: 2, tasks: 1}}
+arms:
+  - {{name: single, design: single, pairing: repeat, k: 2}}
+  - {{name: oa, design: orthogonal, pairing: neighbour, k: 2}}
+""")
+
+
+def test_tiny_experiment_produces_table_plots_and_a_report_and_resumes(tmp_path, tiny_model):
+    from harnessrl.experiment import run_experiment
+
+    spec = load_experiment(tiny_experiment(tmp_path, tiny_model))
+    out = tmp_path / "out"
+    lines = []
+    result = run_experiment(spec, out, log=lines.append)
+    arms = {row["arm"]: row for row in result["arms"]}
+    assert set(arms) == {"single", "oa"} and result["missing"] == []
+    assert arms["single"]["design"] == "single" and arms["single"]["train_configs"] == 1
+    assert arms["oa"]["train_configs"] == 18 and arms["single"]["gain_in_space"] == 0.0
+    for row in arms.values():
+        assert 0.0 <= row["in_space"] <= 1.0 and 0.0 <= row["out_of_space"] <= 1.0
+        assert row["overall"] == pytest.approx((row["in_space"] + row["out_of_space"]) / 2)
+        assert row["overall_ci"][0] <= row["overall"] <= row["overall_ci"][1]
+    # the same evaluation for both arms: the same harnesses and tasks
+    evaluated = []
+    for arm in ("single", "oa"):
+        marker = json.loads((out / "arms" / f"{arm}-seed5" / "arm_result.json").read_text())
+        evaluated.append(sorted(marker["results"]["per_config"]))
+        assert marker["config"]["steps"] == 1 and marker["config"]["group_size"] == 2  # matched budget
+    assert evaluated[0] == evaluated[1] and len(evaluated[0]) == 3
+    table = (out / "comparison.md").read_text()
+    assert "| single |" in table and "| oa |" in table and "gain in-space vs single" in table
+    images = sorted(p.name for p in (out / "report" / "img").glob("*.png"))
+    assert {"comparison.png", "learning-curves.png", "distance.png"} <= set(images)
+    assert (out / "arms" / "oa-seed5" / "report" / "index.html").exists()  # every run has its report
+    check = browser_check(out / "report" / "index.html")
+    assert check["errors"] == [] and check["broken_images"] == [] and check["console_errors"] == []
+    assert check["images"] >= 4
+    # re-running skips both arms; losing one arm's marker redoes only that arm's evaluation
+    lines.clear()
+    run_experiment(spec, out, log=lines.append)
+    assert sum("skipped" in line for line in lines) == 2
+    (out / "arms" / "oa-seed5" / "arm_result.json").unlink()
+    lines.clear()
+    again = run_experiment(spec, out, log=lines.append)
+    assert any("[single-seed5] finished earlier: skipped" in line for line in lines)
+    assert any("[oa-seed5] resumed from" in line for line in lines)  # trained weights reloaded, not retrained
+    assert {row["arm"]: row["in_space"] for row in again["arms"]} == {r["arm"]: r["in_space"] for r in result["arms"]}
+
+
+def test_report_command_rebuilds_an_experiment_report(tmp_path, tiny_model):
+    from harnessrl.cli import main
+
+    out = tmp_path / "out"
+    assert main(["experiment", str(tiny_experiment(tmp_path, tiny_model)), "--out", str(out)]) == 0
+    (out / "report" / "index.html").unlink()
+    assert main(["report", str(out)]) == 0
+    assert "Comparison" in (out / "report" / "index.html").read_text()
+    assert main(["report", str(out / "arms" / "single-seed5")]) == 0
+    run_page = (out / "arms" / "single-seed5" / "report" / "index.html").read_text()
+    assert "Learning curves" in run_page and "[policy]" in run_page  # transcripts carry span labels
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_eval_loads_full_and_lora_checkpoints_of_a_run(tmp_path, tiny_model, lora_rank):
+    from harnessrl.cli import main
+    from harnessrl.rl.checkpoint import load_checkpoint_policy
+    from harnessrl.rl.config import load_config
+    from harnessrl.rl.loop import train
+
+    if lora_rank:
+        pytest.importorskip("peft", reason="peft is installed by `make test`")
+    run = tmp_path / "run"
+    overrides = {"model": str(tiny_model), "run_dir": str(run), "steps": 1, "tasks_per_step": 1, "group_size": 2,
+                 "max_turns": 1, "max_new_tokens": 8, "max_train_tasks": 4, "sft_warm_start_steps": 1, "sft_tasks": 1,
+                 "learning_rate": 1e-3, "sft_learning_rate": 1e-2, "eval_base": False, "eval_held_out": 0,
+                 "eval_out_of_space": False, "design": "first-order", "lora_rank": lora_rank}
+    train(load_config(preset="quick", overrides=overrides), log=lambda m: None)
+    policy, config = load_checkpoint_policy(run)
+    assert config["design"] == "first-order" and policy.name.endswith("step-000001")
+    base = transformers.AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
+    loaded = policy.model.state_dict()
+    assert set(loaded) == set(base)  # a LoRA adapter is merged into plain weights
+    assert any(not torch.equal(base[k], loaded[k]) for k in base)  # the trained weights, not the base model
+    out = tmp_path / "eval"
+    assert main(["eval", "--checkpoint", str(run), "--configs", "train,codex-like", "--limit", "1", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["meta"]["design"] == "first-order" and len(results["per_group"]["train"]) > 0
+    assert sorted(results["per_config"]) == sorted([*config_codes(config), "codex-like"])
+
+
+def config_codes(config):
+    from harnessrl.design import make_design
+    from harnessrl.harness.registry import registered_space
+
+    return make_design(registered_space(), config["design"], seed=config["seed"]).codes

@@ -32,21 +32,25 @@ Conventions (what the trainer relies on):
   ``max_prefix_cache_tokens`` tokens (LRU; ``0`` turns it off). A new prompt looks up its longest
   cached prefix and only the rest goes through the model: the next turn of an episode usually
   extends the previous prompt and completion (the chat renderer reuses sampled ids verbatim),
-  and episodes of one harness configuration share its system prompt and tool manual. At least
+  and episodes of one harness configuration share whatever opening their prompts have in common
+  (system prompt, tool manual; also every rollout of a GRPO group's first turn). At least
   the last prompt token is always recomputed, for its logits. The cached keys already carry
   their rotary position, so a row's prefix is copied into the batch as is: rows are left-padded
   to one width, the pads are masked out, and each row gets its true ``position_ids``. Cached and
   uncached runs therefore compute the same function; in float32 they agree up to float
   rounding of the prefill's chunking (the tests pin equal tokens and log-probs within 1e-4).
   Cached KV belongs to the weights it was computed with: call ``clear_prefix_cache()`` after
-  changing the weights (the trainer does after every optimizer step and after loading weights).
+  changing the weights (the trainer does after every RL and SFT optimizer step and after
+  wrapping a LoRA adapter; a policy loaded from a checkpoint starts with an empty cache).
   As a safety net the cache also drops itself when it sees another model object or a parameter
   whose in-place version counter moved (``optimizer.step()``, ``load_state_dict``); writes
   through ``param.data`` do not move that counter, hence the explicit call. Only models whose
   layers all use full attention are cached (a sliding-window layer keeps only its window);
-  others run without it. ``cache_stats`` counts hits, reused and prefilled tokens.
+  others run without it (one left-padded batched prefill into a plain ``DynamicCache``).
+  ``cache_stats`` counts requests, hits, reused and prefilled tokens, evictions.
 * **Prefill** runs one request at a time (its uncached suffix only), then all requests decode
-  together in one batch whose KV lives in one preallocated tensor, written in place each step.
+  together in one batch whose KV lives in one preallocated tensor, written in place each step
+  (a finished request leaves the batch at once).
   On this project's 2-core CPU a batched prefill is no cheaper per token than one request at a
   time and pays for padding; one row at a time also lets a later request of the same batch
   reuse the system prompt an earlier one just prefilled.

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (make test i
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (make test installs it)")
 
 from harnessrl.policy.base import Generation, GenerationRequest, SamplingParams  # noqa: E402
-from harnessrl.policy.hf import HFPolicy  # noqa: E402
+from harnessrl.policy.hf import GROUPED_SDPA, HFPolicy, grouped_sdpa_attention, row_groups  # noqa: E402
 from harnessrl.policy.prefix_cache import PrefixCache  # noqa: E402
 
 LOGPROB_TOLERANCE = 1e-4
@@ -272,6 +272,34 @@ def test_trainer_clears_the_prefix_cache_after_every_weight_update(tiny_model_di
     assert trainer.policy.prefix_cache.tokens == 0 and stats.invalidations == 1
     trainer.warm_start()
     assert stats.invalidations == 1 + 2  # one per SFT step
+
+
+def test_row_groups_follow_length_tiers_of_a_longest_first_batch() -> None:
+    assert row_groups([100, 95, 81, 80, 50, 49, 10]) == [(0, 4, 100), (4, 6, 50), (6, 7, 10)]
+    assert row_groups([10, 40]) == [(0, 1, 10), (1, 2, 40)]  # a longer row never joins a shorter group
+    assert row_groups([7]) == [(0, 1, 7)]
+
+
+def test_grouped_decode_attention_equals_attention_over_the_whole_padded_width(cached: HFPolicy) -> None:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    assert cached.model.config._attn_implementation == GROUPED_SDPA
+    attention = cached.model.model.layers[0].self_attn
+    heads, kv_heads, dim = 4, 2, 8
+    lengths = [90, 85, 40, 12]
+    width = max(lengths)
+    generator = torch.Generator().manual_seed(5)
+    query = torch.randn(len(lengths), heads, 1, dim, generator=generator)
+    key = torch.randn(len(lengths), kv_heads, width, dim, generator=generator)
+    value = torch.randn(len(lengths), kv_heads, width, dim, generator=generator)
+    mask = torch.zeros(len(lengths), 1, 1, width, dtype=torch.bool)
+    for row, length in enumerate(lengths):
+        mask[row, ..., width - length :] = True
+    groups = row_groups(lengths)
+    assert len(groups) == 3
+    grouped, _ = grouped_sdpa_attention(attention, query, key, value, mask, harnessrl_row_groups=groups, scaling=0.3)
+    plain, _ = sdpa_attention_forward(attention, query, key, value, mask, scaling=0.3)
+    torch.testing.assert_close(grouped, plain, rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------ the embedded model

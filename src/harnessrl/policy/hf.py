@@ -82,8 +82,10 @@ from harnessrl.policy.prefix_cache import PrefixCache, PrefixCacheStats
 # transformers (imported below) loads huggingface_hub, which reads it at import.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 _DTYPES = {
     "float32": torch.float32,
@@ -139,6 +141,59 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
     sorted_probs = sorted_probs.masked_fill(mass_before >= top_p * sorted_probs.sum(), 0.0)
     return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+
+
+GROUPED_SDPA = "harnessrl_grouped_sdpa"
+
+
+def grouped_sdpa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    harnessrl_row_groups: Sequence[tuple[int, int, int]] | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention, except that in a decode step of a left-padded batch each
+    group ``(first_row, end_row, columns)`` attends over only the last ``columns`` key columns,
+    the ones its longest row fills; the rest of its columns are padding its mask zeroes anyway,
+    so the result is the same while the keys and values read drop by the padding. Without groups
+    (prefill, training, other callers) it is plain SDPA."""
+    if (
+        harnessrl_row_groups is None
+        or query.shape[2] != 1
+        or (attention_mask is not None and attention_mask.shape[-1] != key.shape[-2])
+    ):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)  # type: ignore[no-any-return]
+    outputs = []
+    for first, end, columns in harnessrl_row_groups:
+        mask = attention_mask
+        if mask is not None:
+            mask = (mask if mask.shape[0] == 1 else mask[first:end])[..., -columns:]
+        output, _ = sdpa_attention_forward(
+            module, query[first:end], key[first:end, :, -columns:], value[first:end, :, -columns:], mask, **kwargs
+        )
+        outputs.append(output)
+    return torch.cat(outputs), None
+
+
+AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(GROUPED_SDPA, sdpa_mask)
+
+
+def row_groups(lengths: Sequence[int], keep: float = 0.8) -> list[tuple[int, int, int]]:
+    """Returns contiguous groups ``(first_row, end_row, columns)`` of a right-aligned batch: a row
+    joins the group before it while it fills at least ``keep`` of that group's ``columns`` (the
+    longest length in it). ``HFPolicy`` sorts rows longest first, so groups follow length tiers."""
+    groups: list[tuple[int, int, int]] = []
+    for row, length in enumerate(lengths):
+        if groups and length >= keep * groups[-1][2] and length <= groups[-1][2]:
+            first, _, columns = groups[-1]
+            groups[-1] = (first, row + 1, columns)
+        else:
+            groups.append((row, row + 1, length))
+    return groups
 
 
 class _KVSlab:
@@ -273,6 +328,12 @@ class HFPolicy(Policy):
         self._full_attention = all(
             type(layer) is DynamicLayer for layer in DynamicCache(config=config).layers
         )
+        # Decode steps attend per length tier instead of over the whole padded width (same
+        # result; see grouped_sdpa_attention). Only where SDPA was in use; other callers of the
+        # model (the trainer) pass no groups and get plain SDPA.
+        self._grouped_attention = self._full_attention and config._attn_implementation == "sdpa"
+        if self._grouped_attention:
+            self.model.set_attn_implementation(GROUPED_SDPA)
         self.cache_stats = PrefixCacheStats()
         self.prefix_cache: PrefixCache | None = (
             PrefixCache(max_prefix_cache_tokens, self.cache_stats)
@@ -518,12 +579,19 @@ class HFPolicy(Policy):
             attention_mask = torch.cat(
                 [attention_mask, attention_mask.new_ones((len(active), 1))], dim=-1
             )
+            extra: dict[str, Any] = {self._cache_argument: cache}
+            if slab is not None and self._grouped_attention:
+                # Columns each row fills once this step's token is in: rows are right-aligned.
+                fed = attention_mask.shape[1] - width
+                groups = row_groups([prompt_lengths[row] + fed for row in active])
+                if len(groups) > 1:
+                    extra["harnessrl_row_groups"] = groups
             outputs = self.model(
                 input_ids=next_input,
                 attention_mask=attention_mask,
                 position_ids=next_positions[:, None],
                 use_cache=True,
-                **{self._cache_argument: cache},
+                **extra,
             )
             logits = outputs.logits[:, -1, :].float()
             next_positions = next_positions + 1

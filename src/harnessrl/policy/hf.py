@@ -50,7 +50,10 @@ Conventions (what the trainer relies on):
   ``cache_stats`` counts requests, hits, reused and prefilled tokens, evictions.
 * **Prefill** runs one request at a time (its uncached suffix only), then all requests decode
   together in one batch whose KV lives in one preallocated tensor, written in place each step
-  (a finished request leaves the batch at once).
+  (a finished request leaves the batch at once). In each decode step every length tier of the
+  batch attends over only the columns its rows fill (``grouped_sdpa_attention``, registered with
+  transformers as ``harnessrl_grouped_sdpa`` and used where the model ran SDPA): the same result
+  as attending over the whole padded width, with fewer keys and values read.
   On this project's 2-core CPU a batched prefill is no cheaper per token than one request at a
   time and pays for padding; one row at a time also lets a later request of the same batch
   reuse the system prompt an earlier one just prefilled.
@@ -383,7 +386,8 @@ class HFPolicy(Policy):
                 results[index] = Generation([], [], "length")
             else:
                 runnable.append(index)
-        # Similar lengths share a batch, so little compute goes to padding. Per-request
+        # Similar lengths share a batch, so little compute goes to padding, and rows come
+        # longest first, so decode attention splits them into tight length tiers. Per-request
         # generators make the tokens independent of this grouping.
         runnable.sort(key=lambda index: len(requests[index].prompt_ids), reverse=True)
         for start in range(0, len(runnable), self.max_batch_size):

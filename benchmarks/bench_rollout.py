@@ -5,12 +5,15 @@ Baseline: episodes one after another, each turn one call to transformers' ``gene
 episode in one batch, sandbox steps in a thread pool. Same episodes (tasks x harness
 configurations), same token limits, greedy decoding on both sides, measured in one run.
 
-Last line: ``ratio: X`` = engine generated tokens/s over baseline generated tokens/s.
+The baseline never sees ``HFPolicy``'s prefix KV cache (it calls ``model.generate``); the
+engine's cache starts empty. Last line: ``ratio: X`` = engine generated tokens/s over baseline
+generated tokens/s.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Sequence
 
@@ -58,6 +61,7 @@ def main() -> None:
     parser.add_argument("--concurrent", type=int, default=16, help="engine episodes in flight")
     args = parser.parse_args()
 
+    load_start = os.getloadavg()
     hf = HFPolicy()
     limits = HarnessLimits(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens)
     tasks = list(load_suite("workspace").tasks("test", limit=args.tasks, seed=0))
@@ -85,6 +89,17 @@ def main() -> None:
           f"{engine_tps:.1f} tokens/s  ({engine_tokens} tokens, mean batch {stats.mean_batch_size:.1f})")
     print(f"engine time split: generation {stats.generation_time_s:.1f} s, harness {stats.harness_time_s:.1f} s, "
           f"sandbox {stats.sandbox_time_s:.1f} s (summed over episodes; they overlap generation)")
+    same = sum(
+        [turn.completion_ids for turn in a.turns] == [turn.completion_ids for turn in b.turns]
+        for a, b in zip(base_trajs, trajs, strict=True)
+    )
+    print(f"episodes whose tokens match the baseline's exactly: {same}/{len(pairs)}")
+    cache = hf.cache_stats
+    print(f"engine prefix cache: {cache.token_hit_rate:.1%} of {cache.prompt_tokens} prompt tokens reused, "
+          f"{cache.request_hit_rate:.1%} of {cache.requests} requests hit, {cache.prefilled_tokens} tokens prefilled")
+    load_end = os.getloadavg()
+    print(f"load average (1/5/15 min): start {load_start[0]:.1f}/{load_start[1]:.1f}/{load_start[2]:.1f}, "
+          f"end {load_end[0]:.1f}/{load_end[1]:.1f}/{load_end[2]:.1f}")
     print(f"ratio: {engine_tps / base_tps:.2f}")
 
 

@@ -122,6 +122,7 @@ class Trainer:
         if cfg.lora_rank:
             self.model = self._wrap_lora(self.model, checkpoint / "model" if resuming else None)
             self.policy.model = self.model
+            self.policy.clear_prefix_cache()  # KV cached by the bare model is not the adapter's
         # The KL reference is the model the run started from, also after a resume.
         self.ref_model: torch.nn.Module | None = None
         if cfg.kl_coef > 0:
@@ -253,6 +254,7 @@ class Trainer:
             scheduler=self.scheduler, value_head=self.value_head, vf_coef=self.cfg.vf_coef,
             vf_clip=self.cfg.vf_clip,
         )
+        self.policy.clear_prefix_cache()  # the weights moved: cached KV is stale
         save_jsonl(trajectories, self.run_dir / "rollouts" / f"step-{step:06d}.jsonl")
         return {
             "step": step,
@@ -359,6 +361,7 @@ class Trainer:
                 self.model, optimizer, batch, self.policy.tokenizer.pad_token_id, objective="nll",
                 max_grad_norm=cfg.max_grad_norm, micro_batch_tokens=cfg.micro_batch_tokens,
             )
+            self.policy.clear_prefix_cache()  # the weights moved: cached KV is stale
             history.append(metrics["nll"])
             self.log(f"sft {i + 1}/{cfg.sft_warm_start_steps}: nll {metrics['nll']:.3f}")
         return {"demonstrations": len(demos), "samples": len(samples), "nll": history}

@@ -203,6 +203,28 @@ def test_side_requests_in_a_named_session_get_threads_of_their_own():
     assert recorder.to_trajectory("agent-run", thread=2).turns[0].text == "echo: conversation 1"
 
 
+def test_a_client_that_rewrites_a_per_request_context_message_stays_in_one_thread():
+    # OpenClaw's pattern: each request carries a fresh context message that the next request
+    # leaves out, so no request extends the previous one as a prefix; the server's own last
+    # reply is still there, and the conversation must stay one thread (one trajectory).
+    with running() as (server, _, recorder):
+        api = client(server, "/s/claw/v1")
+        history = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "step 0"}]
+        for turn in range(3):
+            context = {"role": "user", "content": f"[context for request {turn}]"}
+            reply = api.chat.completions.create(model="m", messages=[*history, context])
+            history += [{"role": "assistant", "content": reply.choices[0].message.content},
+                        {"role": "user", "content": f"step {turn + 1}"}]
+    records = recorder.records("claw")
+    assert [r["thread"] for r in records] == [0, 0, 0]
+    # Only what the client sent after the last reply is new in each later request.
+    assert [m["content"] for m in records[2]["new_messages"]] == ["step 2", "[context for request 2]"]
+    trajectory = recorder.to_trajectory("claw")
+    assert [t.text for t in trajectory.turns] == [
+        "echo: [context for request 0]", "echo: [context for request 1]", "echo: [context for request 2]"]
+    assert trajectory.metrics["threads"] == 1
+
+
 def test_records_are_written_as_jsonl_and_load_back(tmp_path):
     recorder = ConversationRecorder(tmp_path)
     with running(recorder=recorder) as (server, _, _):

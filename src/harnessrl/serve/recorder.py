@@ -44,12 +44,23 @@ class _Thread:
     history: list[str] = field(default_factory=list)  # ... and of its reply
 
     def match(self, keys: list[str]) -> int:
-        """Returns how long a prefix of ``keys`` this thread accounts for (-1: none)."""
+        """Returns how long a prefix of ``keys`` this thread accounts for (-1: none).
+
+        The whole history as a prefix is the usual case. Some clients rewrite an earlier
+        message on every request (OpenClaw sends a per-request context message and leaves it
+        out of the next one); their request still carries this thread's last reply, which
+        the server itself produced, so it continues the thread up to that reply.
+        """
         history = self.history
         if history and len(history) <= len(keys) and keys[: len(history)] == history:
             return len(history)
         if self.last_request and self.last_request == keys:
             return len(keys)
+        if history:
+            reply = history[-1]
+            for position in range(len(keys) - 1, -1, -1):
+                if keys[position] == reply:
+                    return position + 1
         return -1
 
 
@@ -131,8 +142,7 @@ class ConversationRecorder:
             while len(conversation.threads) <= thread:
                 conversation.threads.append(_Thread())
             state = conversation.threads[thread]
-            seen = state.history
-            known = len(seen) if seen and keys[: len(seen)] == seen else 0
+            known = max(0, state.match(keys)) if state.history else 0
             record = {
                 "session": session,
                 "thread": thread,

@@ -116,7 +116,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "k": 2,
         "steps": 2,
         "max_turns": 3,
-        "max_new_tokens": 96,
+        "max_new_tokens": 128,
         "context_tokens": 4096,
         "temperature": 0.7,
         "learning_rate": 2e-6,

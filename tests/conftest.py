@@ -22,9 +22,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    """A randomly initialised 2-layer model with SmolLM2's architecture and tokenizer."""
+def save_tiny_model(tmp_path_factory, name: str = "tiny", **overrides):
+    """Saves a randomly initialised 2-layer model with SmolLM2's architecture and tokenizer
+    (config fields in ``overrides`` replace the defaults) and returns its folder."""
     torch = pytest.importorskip("torch", reason="torch is installed by `make test`")
     transformers = pytest.importorskip("transformers", reason="transformers is installed by `make test`")
     from harnessrl.policy.embedded import embedded_model_dir
@@ -32,10 +32,26 @@ def tiny_model(tmp_path_factory):
     source = embedded_model_dir()
     config = transformers.AutoConfig.from_pretrained(source)
     config.update({"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8})
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, **overrides})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)
-    out = tmp_path_factory.mktemp("tiny") / "model"
+    out = tmp_path_factory.mktemp(name) / "model"
     model.save_pretrained(out)
     transformers.AutoTokenizer.from_pretrained(source).save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A randomly initialised 2-layer model with SmolLM2's architecture and tokenizer."""
+    return save_tiny_model(tmp_path_factory)
+
+
+def usable_backend_or_skip(name: str) -> str:
+    """Returns sandbox backend ``name`` when this machine can run it, else skips the test."""
+    from harnessrl import sandbox
+
+    usable, _uid, reason = sandbox._probe(name)
+    if not usable:
+        pytest.skip(f"backend {name} is not usable on this machine: {reason}")
+    return name

@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (make test installs torch==2.13.0)")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (make test installs it)")
 
+from conftest import save_tiny_model  # noqa: E402
 from harnessrl.policy.base import Generation, GenerationRequest, SamplingParams  # noqa: E402
 from harnessrl.policy.hf import GROUPED_SDPA, HFPolicy, grouped_sdpa_attention, row_groups  # noqa: E402
 from harnessrl.policy.prefix_cache import PrefixCache  # noqa: E402
@@ -22,20 +23,7 @@ LOGPROB_TOLERANCE = 1e-4
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A randomly initialised 2-layer model of SmolLM2's architecture and tokenizer, with large
     initial weights so that its next-token distributions are peaked (greedy ties are unlikely)."""
-    from harnessrl.policy.embedded import embedded_model_dir
-
-    source = embedded_model_dir()
-    config = transformers.AutoConfig.from_pretrained(source)
-    config.update({
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 8, "initializer_range": 0.3,
-    })
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    out = tmp_path_factory.mktemp("tiny-prefix") / "model"
-    model.save_pretrained(out)
-    transformers.AutoTokenizer.from_pretrained(source).save_pretrained(out)
-    return out
+    return save_tiny_model(tmp_path_factory, "tiny-prefix", initializer_range=0.3)
 
 
 @pytest.fixture()

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import usable_backend_or_skip
 from harnessrl import sandbox as sandbox_module
 from harnessrl.sandbox import (
     WORKSPACE_MOUNT,
@@ -39,10 +40,7 @@ REAL_BACKENDS = ("bwrap", "unshare")
 
 @pytest.fixture(params=REAL_BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
-    usable, _uid, reason = sandbox_module._probe(request.param)
-    if not usable:
-        pytest.skip(f"backend {request.param} is not usable on this machine: {reason}")
-    return request.param
+    return usable_backend_or_skip(request.param)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl import sandbox as sandbox_module
+from conftest import usable_backend_or_skip
 from harnessrl.harness.external.relay import __file__ as RELAY_FILE
 from harnessrl.sandbox import (
     MAX_MOUNTS,
@@ -31,10 +31,7 @@ from harnessrl.sandbox import (
 
 @pytest.fixture(params=("bwrap", "unshare"))
 def backend(request: pytest.FixtureRequest) -> str:
-    usable, _uid, reason = sandbox_module._probe(request.param)
-    if not usable:
-        pytest.skip(f"backend {request.param} is not usable on this machine: {reason}")
-    return request.param
+    return usable_backend_or_skip(request.param)
 
 
 @pytest.fixture

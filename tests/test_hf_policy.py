@@ -298,3 +298,19 @@ def test_nucleus_filter_keeps_the_smallest_set_reaching_top_p_and_draws_follow_p
         counts[sample_index(probs, generator)] += 1
     assert counts[2] == 0
     assert (counts / 4000).tolist() == pytest.approx(probs.tolist(), abs=0.03)
+
+
+def test_native_bf16_detection_reads_the_cpu_flags(tmp_path):
+    import torch
+
+    from harnessrl.policy.hf import cpu_has_native_bf16, resolve_rollout_dtype
+
+    amx = tmp_path / "amx"
+    amx.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f amx_bf16 amx_tile\n\nprocessor\t: 1\n")
+    plain = tmp_path / "plain"
+    plain.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512bw\n")
+    assert cpu_has_native_bf16(amx) and not cpu_has_native_bf16(plain)
+    assert not cpu_has_native_bf16(tmp_path / "missing")
+    assert resolve_rollout_dtype("float32", torch.device("cpu")) == torch.float32
+    assert resolve_rollout_dtype("bf16", torch.device("cpu")) == torch.bfloat16
+    assert resolve_rollout_dtype("auto", torch.device("cuda")) == torch.bfloat16

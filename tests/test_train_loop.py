@@ -148,3 +148,37 @@ def test_lora_run_trains_only_the_adapter_and_resumes(tiny_model, tmp_path):
     assert lora_weights and any(float(v.abs().sum()) > 0 for v in lora_weights.values())  # trained adapter loaded
     trainable = [n for n, p in resumed.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
+
+
+def test_bf16_rollouts_keep_float32_master_weights_in_sync(tiny_model, tmp_path):
+    """dtype=bfloat16: the optimizer owns float32 master weights, the policy samples from a
+    bfloat16 copy, and every optimizer step copies the master into it."""
+    overrides = tiny_overrides(tiny_model, tmp_path / "bf16", 1) | {"dtype": "bfloat16", "device": "cpu"}
+    trainer = Trainer(load_config(preset="quick", overrides=overrides), log=lambda m: None)
+    assert trainer.model is not trainer.policy.model
+    assert next(trainer.model.parameters()).dtype == torch.float32
+    assert next(trainer.policy.model.parameters()).dtype == torch.bfloat16
+    assert trainer.precision == {"rollout": "bfloat16", "master": "float32", "autocast": "bfloat16"}
+    master_before = {k: v.clone() for k, v in trainer.model.named_parameters()}
+    # An update far below bfloat16's resolution of the weights: only float32 masters keep it.
+    ids, mask = list(range(10, 30)), [0] * 10 + [1] * 10
+    samples = [UpdateSample(ids, mask, [-1.0] * 20, 1.0), UpdateSample(ids[::-1], mask, [-1.0] * 20, -1.0)]
+    for group in trainer.optimizer.param_groups:
+        group["lr"] = 1e-6
+    update_step(trainer.model, trainer.optimizer, samples, pad_id=0, autocast_dtype=trainer.autocast_dtype)
+    trainer.sync_rollout_weights()
+    moved = [k for k, v in trainer.model.named_parameters() if not torch.equal(master_before[k], v)]
+    assert moved
+    rollout = dict(trainer.policy.model.named_parameters())
+    for name, parameter in trainer.model.named_parameters():
+        assert torch.equal(rollout[name], parameter.detach().to(torch.bfloat16))
+    # The tiny steps are lost in bfloat16 for most weights, which is why the master is float32.
+    lost = sum(
+        int(torch.equal(master_before[k].to(torch.bfloat16), trainer.model.get_parameter(k).detach().to(torch.bfloat16)))
+        for k in moved
+    )
+    assert lost > 0
+
+    float_overrides = tiny_overrides(tiny_model, tmp_path / "fp32", 1) | {"dtype": "float32", "device": "cpu"}
+    single = Trainer(load_config(preset="quick", overrides=float_overrides), log=lambda m: None)
+    assert single.model is single.policy.model and single.precision["autocast"] == "off"

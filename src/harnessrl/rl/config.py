@@ -22,7 +22,11 @@ class TrainConfig(BaseModel):
     # -- what to train ------------------------------------------------------------------------
     model: str = Field("embedded", description="model: 'embedded' (SmolLM2-135M-Instruct) or a local HF folder")
     device: str = Field("auto", description="torch device: auto, cpu, cuda")
-    dtype: str = Field("auto", description="weights dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16")
+    dtype: str = Field(
+        "auto",
+        description="rollout dtype: auto (bf16 on GPU and on CPUs with native bf16 (AMX, AVX512-BF16), else fp32), "
+        "float32, bfloat16; full fine-tuning keeps fp32 master weights and updates under autocast in this dtype",
+    )
     lora_rank: int = Field(0, ge=0, description="LoRA rank (0 = full fine-tuning); needs peft")
     lora_alpha: int = Field(32, ge=1, description="LoRA alpha")
 

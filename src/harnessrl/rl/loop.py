@@ -112,13 +112,39 @@ class Trainer:
         (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2), encoding="utf-8")
         seed_everything(cfg.seed)
 
-        from harnessrl.policy.hf import HFPolicy
+        from harnessrl.policy.hf import (
+            HFPolicy,
+            resolve_device,
+            resolve_dtype,
+            resolve_rollout_dtype,
+        )
 
         resuming = resume and checkpoint is not None
         # A LoRA checkpoint holds only the adapter: the base model comes from the config.
         model_source = str(checkpoint / "model") if (resuming and not cfg.lora_rank) else cfg.model
-        self.policy = HFPolicy(model_source, device=cfg.device, dtype=cfg.dtype)
+        device = resolve_device(cfg.device)
+        # Full fine-tuning keeps float32 master weights (the optimizer's) and samples from a
+        # copy in the rollout dtype, synced after every optimizer step; the update's forward
+        # and backward run under autocast in that dtype. bfloat16 master weights would round
+        # away updates of lr ~1e-6. LoRA trains float32 adapters on the shared base model.
+        rollout_dtype = resolve_dtype(cfg.dtype, device) if cfg.lora_rank else resolve_rollout_dtype(cfg.dtype, device)
+        self.policy = HFPolicy(model_source, device=cfg.device, dtype=rollout_dtype)
         self.model = self.policy.model
+        self.autocast_dtype: torch.dtype | None = None  # update_step's default: bf16 on CUDA only
+        if not cfg.lora_rank and rollout_dtype != torch.float32:
+            from transformers import AutoModelForCausalLM
+
+            self.model = AutoModelForCausalLM.from_pretrained(
+                self.policy.model_path, dtype=torch.float32, local_files_only=True
+            ).to(device)
+            self.autocast_dtype = rollout_dtype
+        self.precision = {
+            "rollout": str(rollout_dtype).removeprefix("torch."),
+            "master": str(next(self.model.parameters()).dtype).removeprefix("torch."),
+            "autocast": str(self.autocast_dtype or (torch.bfloat16 if device.type == "cuda" else "off")).removeprefix("torch."),
+        }
+        log(f"precision: rollout {self.precision['rollout']}, master weights {self.precision['master']}, "
+            f"update autocast {self.precision['autocast']}")
         if cfg.lora_rank:
             self.model = self._wrap_lora(self.model, checkpoint / "model" if resuming else None)
             self.policy.model = self.model
@@ -164,6 +190,17 @@ class Trainer:
         )
         self.harnesses: dict[str, Harness] = {}
         self._pairs: list[list[str]] = []
+
+    def sync_rollout_weights(self) -> None:
+        """Copies the master weights into the rollout copy (when they are two models) and drops
+        the rollout policy's prefix KV cache: call it after every optimizer step."""
+        rollout = self.policy.model
+        if rollout is not self.model:
+            with torch.no_grad():
+                targets = dict(rollout.named_parameters())
+                for name, parameter in self.model.named_parameters():
+                    targets[name].copy_(parameter)
+        self.policy.clear_prefix_cache()  # the weights moved: cached KV is stale
 
     def _wrap_lora(self, model: Any, adapter_dir: Path | None) -> Any:
         try:
@@ -252,9 +289,9 @@ class Trainer:
             kl_coef=self.cfg.kl_coef, kl_estimator=self.cfg.kl_estimator, ref_model=self.ref_model,
             max_grad_norm=self.cfg.max_grad_norm, micro_batch_tokens=self.cfg.micro_batch_tokens,
             scheduler=self.scheduler, value_head=self.value_head, vf_coef=self.cfg.vf_coef,
-            vf_clip=self.cfg.vf_clip,
+            vf_clip=self.cfg.vf_clip, autocast_dtype=self.autocast_dtype,
         )
-        self.policy.clear_prefix_cache()  # the weights moved: cached KV is stale
+        self.sync_rollout_weights()
         save_jsonl(trajectories, self.run_dir / "rollouts" / f"step-{step:06d}.jsonl")
         return {
             "step": step,
@@ -306,7 +343,7 @@ class Trainer:
         if not flat:
             return []
         values = compute_values(self.model, self.value_head, flat, self.policy.tokenizer.pad_token_id,
-                                self.cfg.micro_batch_tokens)
+                                self.cfg.micro_batch_tokens, autocast_dtype=self.autocast_dtype)
         value_of = {id(s): v for s, v in zip(flat, values, strict=True)}
         turn_advantages: list[dict[int, tuple[float, float, float]]] = []
         all_advantages: list[float] = []
@@ -360,8 +397,9 @@ class Trainer:
             metrics = update_step(
                 self.model, optimizer, batch, self.policy.tokenizer.pad_token_id, objective="nll",
                 max_grad_norm=cfg.max_grad_norm, micro_batch_tokens=cfg.micro_batch_tokens,
+                autocast_dtype=self.autocast_dtype,
             )
-            self.policy.clear_prefix_cache()  # the weights moved: cached KV is stale
+            self.sync_rollout_weights()
             history.append(metrics["nll"])
             self.log(f"sft {i + 1}/{cfg.sft_warm_start_steps}: nll {metrics['nll']:.3f}")
         return {"demonstrations": len(demos), "samples": len(samples), "nll": history}
@@ -449,7 +487,7 @@ class Trainer:
             "run_dir": str(self.run_dir), "steps": self.cfg.steps, "design": self.design.kind,
             "algorithm": self.cfg.algorithm,
             "train_configs": self.design.codes, "held_out": [c.code for c in self.held_out.configs],
-            "eval_tasks": [t.id for t in self.eval_tasks], "pass_at_1": rows,
+            "eval_tasks": [t.id for t in self.eval_tasks], "pass_at_1": rows, "precision": self.precision,
             "warm_start": self.state.get("warm_start"),
         }
 

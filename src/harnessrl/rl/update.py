@@ -108,6 +108,7 @@ def update_step(
     value_head: torch.nn.Module | None = None,
     vf_coef: float = 0.1,
     vf_clip: float | None = 0.2,
+    autocast_dtype: torch.dtype | None = None,
 ) -> dict[str, float]:
     """Runs one optimizer step over ``samples`` and returns averaged diagnostics.
 
@@ -115,6 +116,9 @@ def update_step(
     log-probabilities as the importance-weight reference; the update is on-policy (one
     epoch, one mini-batch), so old log-probs equal the current ones, detached.
     ``objective="nll"``: masked negative log-likelihood (SFT).
+    ``autocast_dtype``: forward and backward under ``torch.autocast`` in that dtype while the
+    weights, gradients and optimizer state stay in theirs (mixed precision); ``None`` is
+    bfloat16 on CUDA and off elsewhere, ``torch.float32`` is off.
     """
     if not samples:
         return {"skipped": 1.0}
@@ -132,8 +136,7 @@ def update_step(
         n_tokens = float(data["mask"].sum())
         if n_tokens == 0:
             continue
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else _null()
-        with autocast:
+        with autocast_context(device, autocast_dtype):
             hidden, logprobs, entropy = masked_token_logprobs(
                 model, data, temperature if objective == "pg" else 1.0, entropy_grad=entropy_coef > 0
             )
@@ -192,6 +195,15 @@ def update_step(
     return result
 
 
+def autocast_context(device: torch.device, dtype: torch.dtype | None) -> Any:
+    """Returns the mixed-precision context of ``update_step`` (see its ``autocast_dtype``)."""
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype == torch.float32:
+        return _null()
+    return torch.autocast(device.type, dtype=dtype)
+
+
 class _null:
     def __enter__(self) -> None:
         return None
@@ -231,16 +243,19 @@ def masked_token_logprobs(
 def compute_values(
     model: torch.nn.Module, value_head: torch.nn.Module, samples: list[UpdateSample], pad_id: int,
     micro_batch_tokens: int = 4096,
+    autocast_dtype: torch.dtype | None = None,
 ) -> list[list[float]]:
-    """Returns, per sample, the critic's values at its ``value_positions`` (no gradient)."""
+    """Returns, per sample, the critic's values at its ``value_positions`` (no gradient),
+    under the same mixed precision as ``update_step``."""
     device = next(model.parameters()).device
     model.eval()
     out: dict[int, list[float]] = {}
     for batch in micro_batches(samples, micro_batch_tokens):
         data = _collate(batch, pad_id, device)
-        hidden = model.get_decoder()(
-            input_ids=data["input_ids"], attention_mask=data["attention_mask"]
-        ).last_hidden_state
+        with autocast_context(device, autocast_dtype):
+            hidden = model.get_decoder()(
+                input_ids=data["input_ids"], attention_mask=data["attention_mask"]
+            ).last_hidden_state
         values = value_head(hidden.float()).squeeze(-1)
         for row, sample in enumerate(batch):
             out[id(sample)] = [float(values[row, p]) for p in sample.value_positions]

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from harnessrl.rl.config import PRESETS, load_config
+from harnessrl.rl.config import PRESETS, load_config, parse_set_overrides
 
 
 def register(subparsers: Any) -> None:
@@ -27,17 +27,27 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model", default=None, help="override the model (embedded or a local folder)")
     p.add_argument("--seed", type=int, default=None, help="override the seed")
     p.add_argument("--device", default=None, help="override the device")
+    p.add_argument(
+        "--set", "-o", dest="set", action="append", default=[], metavar="FIELD=VALUE",
+        help="override any config field (repeatable); VALUE is YAML, e.g. --set learning_rate=1e-5 "
+        "--set tiers=[1,2] --set families=null; applied after --preset/--config, before the "
+        "flags above; --print-config lists the fields",
+    )
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.set_defaults(func=run_train)
 
 
 def run_train(args: argparse.Namespace) -> int:
-    if args.resume and not args.run_dir:
+    sets = getattr(args, "set", None) or []
+    # --set run_dir=DIR names the run directory as --run-dir does (the flag wins over it).
+    run_dir = args.run_dir or parse_set_overrides(sets).get("run_dir")
+    if args.resume and not run_dir:
         raise ValueError("--resume needs --run-dir naming the run to continue")
-    run_dir = args.run_dir or f"runs/{args.preset or 'quick'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = run_dir or f"runs/{args.preset or 'quick'}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = load_config(
         args.config, args.preset,
         {"run_dir": run_dir, "steps": args.steps, "model": args.model, "seed": args.seed, "device": args.device},
+        sets=sets,
     )
     if args.print_config:
         print(json.dumps(cfg.model_dump(), indent=2))

@@ -7,8 +7,11 @@ neighbour pairing over the OA(18) design, 300 steps; papers 000/001).
 
 from __future__ import annotations
 
+import difflib
+import types
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -162,22 +165,90 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def config_error_message(source: str, exc: ValidationError) -> str:
-    """Returns a message naming the file, each bad field and the fix."""
+def config_error_message(source: str, exc: ValidationError, origins: Mapping[str, str] | None = None) -> str:
+    """Returns a message naming the file, each bad field and the fix; ``origins`` maps a field
+    to where its value came from (e.g. ``--set lr=x``), added to that field's line."""
     lines = [f"{source}: invalid training config"]
     for err in exc.errors():
         field = ".".join(str(p) for p in err["loc"]) or "(root)"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = f"unknown field; valid fields are: {', '.join(TrainConfig.model_fields)}"
-        lines.append(f"  field {field}: {msg}")
+        origin = (origins or {}).get(str(err["loc"][0])) if err["loc"] else None
+        lines.append(f"  field {field}: {msg}" + (f" (given as {origin})" if origin else ""))
     return "\n".join(lines)
 
 
+def _annotation_types(name: str) -> set[Any]:
+    """The plain types a field accepts: ``str | None`` gives {str, NoneType}; a Literal of
+    strings counts as str."""
+    annotation = TrainConfig.model_fields[name].annotation
+    members = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
+    out: set[Any] = set()
+    for member in members:
+        if get_origin(member) is Literal:
+            out.update(type(v) for v in get_args(member))
+        else:
+            out.add(get_origin(member) or member)
+    return out
+
+
+def _coerce_set_value(name: str, value: Any, text: str) -> Any:
+    """Fixes what YAML guesses wrong for a field's type: YAML 1.1 reads ``1e-5`` as a string
+    (it wants ``1.0e-5``), and ``on``/``123`` as a bool/int where a field wants a string."""
+    accepts = _annotation_types(name)
+    if isinstance(value, str) and accepts & {int, float} and str not in accepts:
+        try:
+            number = float(value)
+        except ValueError:
+            return value  # pydantic reports it, naming the field
+        if float in accepts:
+            return number
+        return int(number) if number.is_integer() else value
+    if isinstance(value, bool | int | float) and str in accepts and not accepts & {bool, int, float}:
+        return text  # e.g. --set model=2024 names a folder "2024"
+    return value
+
+
+def parse_set_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """Parses ``FIELD=VALUE`` items (``harnessrl train --set``) into config values; VALUE is
+    YAML (``[1, 2]``, ``null``, ``false``, ``1e-5``). A later item for a field wins."""
+    fields = TrainConfig.model_fields
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        name, text = name.strip(), text.strip()
+        if not sep or not name:
+            example = f"--set {name or 'learning_rate'}={'VALUE' if name else '1e-5'}"
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE, e.g. {example}")
+        if name not in fields:
+            if name == "preset":
+                raise ValueError(f"--set {item}: preset is not a config field; use --preset {text or 'NAME'}")
+            close = difflib.get_close_matches(name, list(fields), n=3, cutoff=0.6)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(
+                f"--set {item}: unknown field {name!r}{hint} "
+                "(`harnessrl train --print-config` lists every field)"
+            )
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            parts = [getattr(exc, "context", None), getattr(exc, "problem", None)]
+            detail = ": ".join(str(x) for x in parts if x) or str(exc).splitlines()[0]
+            raise ValueError(f"--set {item}: field {name}: value is not valid YAML ({detail})") from None
+        out[name] = _coerce_set_value(name, value, text)
+    return out
+
+
 def load_config(
-    path: str | Path | None = None, preset: str | None = None, overrides: dict[str, Any] | None = None
+    path: str | Path | None = None,
+    preset: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    sets: Sequence[str] | None = None,
 ) -> TrainConfig:
-    """Returns the config: the preset (default ``quick``), then the file, then ``overrides``."""
+    """Returns the config: the preset (default ``quick``), then the file, then ``sets``
+    (``FIELD=VALUE`` items, see `parse_set_overrides`; a null there sets the field to None),
+    then ``overrides`` (where None means "not given")."""
     values: dict[str, Any] = {}
     preset_name = preset or ("quick" if path is None else None)
     if preset_name is not None:
@@ -199,8 +270,17 @@ def load_config(
                 raise ValueError(f"{path}: field preset: unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
             values.update(PRESETS[name])
         values.update(data)
-    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    set_values = parse_set_overrides(sets or [])
+    values.update(set_values)
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    values.update(given)
+    # A bad value that came from --set names the item it came from (unless a flag replaced it).
+    origins: dict[str, str] = {}
+    for item in sets or []:
+        name = item.partition("=")[0].strip()
+        if name in set_values and name not in given:
+            origins[name] = f"--set {item.strip()}"
     try:
         return TrainConfig(**values)
     except ValidationError as exc:
-        raise ValueError(config_error_message(source, exc)) from None
+        raise ValueError(config_error_message(source, exc, origins)) from None

@@ -7,7 +7,9 @@ advantages, clip ranges 0.2 / 0.28, token-mean aggregation (TRL's ``loss_type="d
 AdamW (lr 1e-6, no weight decay), gradient clipping at 1.0, no gradient checkpointing.
 
 Timed on our side: ``harnessrl.rl.update.update_step`` (collate, forward, loss, backward,
-clip, AdamW step, zero_grad). Timed on TRL's side: what ``Trainer``'s inner loop runs for one
+clip, AdamW step, zero_grad), by default with shared-prefix micro-batches (each group's common
+prompt runs once, its keys and values broadcast to the group's rows; same loss and gradients);
+``--no-share-prefix`` times the plain padded batch that TRL also runs. Timed on TRL's side: what ``Trainer``'s inner loop runs for one
 optimizer step with ``gradient_accumulation_steps=1`` -- ``GRPOTrainer.training_step`` (input
 buffering, forward through TRL's fused log-prob head, loss and metrics, backward), then
 ``_clip_grad_norm``, ``optimizer.step``, ``lr_scheduler.step`` and ``model.zero_grad``.
@@ -66,7 +68,8 @@ def completion_logprobs(model: Any, input_ids: torch.Tensor, completion_len: int
 
 
 def ours_step_fn(
-    model_dir: str, input_ids: torch.Tensor, advantages: torch.Tensor, completion_len: int
+    model_dir: str, input_ids: torch.Tensor, advantages: torch.Tensor, completion_len: int,
+    share_prefix: bool = True,
 ) -> Callable[[], None]:
     """Returns a function that runs one ``update_step`` on the batch with its own model copy."""
     from harnessrl.policy.hf import HFPolicy
@@ -101,6 +104,7 @@ def ours_step_fn(
             clip_high=CLIP_HIGH,
             aggregation="token_mean",
             max_grad_norm=MAX_GRAD_NORM,
+            share_prefix=share_prefix,
         )
 
     return step
@@ -183,6 +187,10 @@ def main() -> None:
     parser.add_argument("--completion-len", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per side")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    parser.add_argument(
+        "--no-share-prefix", action="store_true",
+        help="ours without running each group's common prompt once (the plain padded batch, as TRL does)",
+    )
     args = parser.parse_args()
 
     import transformers
@@ -199,13 +207,14 @@ def main() -> None:
     )
     input_ids = torch.cat([prompt_ids, completion_ids], 1)
     sides: dict[str, Callable[[], None]] = {
-        "ours": ours_step_fn(model_dir, input_ids, advantages, args.completion_len),
+        "ours": ours_step_fn(model_dir, input_ids, advantages, args.completion_len, not args.no_share_prefix),
         "trl": trl_step_fn(model_dir, prompt_ids, completion_ids, advantages, args.group_size),
     }
     print(
         f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, "
         f"threads {torch.get_num_threads()}; batch {input_ids.shape[0]} sequences "
-        f"({args.prompts} prompts x {args.group_size}) of {args.prompt_len} + {args.completion_len} tokens"
+        f"({args.prompts} prompts x {args.group_size}) of {args.prompt_len} + {args.completion_len} tokens; "
+        f"ours {'without' if args.no_share_prefix else 'with'} shared-prefix micro-batches"
     )
     times: dict[str, list[float]] = {name: [] for name in sides}
     for name, step in sides.items():  # warm-up

@@ -182,3 +182,63 @@ def test_bf16_rollouts_keep_float32_master_weights_in_sync(tiny_model, tmp_path)
     float_overrides = tiny_overrides(tiny_model, tmp_path / "fp32", 1) | {"dtype": "float32", "device": "cpu"}
     single = Trainer(load_config(preset="quick", overrides=float_overrides), log=lambda m: None)
     assert single.model is single.policy.model and single.precision["autocast"] == "off"
+
+
+def _prefix_samples():
+    prompt = [(7 * i) % 90 + 5 for i in range(96)]  # one prompt, three completions (a GRPO group)
+    completions = [list(range(20, 32)), list(range(40, 47)), list(range(60, 78))]
+    group = [UpdateSample(prompt + c, [0] * len(prompt) + [1] * len(c), [-1.0] * (len(prompt) + len(c)), a)
+             for c, a in zip(completions, (1.0, -0.5, -0.5), strict=True)]
+    other = list(range(3, 60))  # an unrelated sample: no common prefix with the group
+    return [*group, UpdateSample(other, [0] * 40 + [1] * 17, [-1.0] * 57, 0.7)]
+
+
+def test_shared_prefix_micro_batches_give_the_plain_loss_and_gradients(tiny_model):
+    """Running a GRPO group's common prompt once (broadcast KV) changes neither the loss nor
+    the update: the same weights come out of one step as from the plain padded batch."""
+    from harnessrl.rl.update import micro_batches, shared_prefix
+
+    samples = _prefix_samples()
+    assert shared_prefix(samples[:3]) == 95 and shared_prefix(samples) == 0
+    batches = micro_batches(samples, 4096, share_prefix=True)
+    assert any(len(b) == 3 and shared_prefix(b) == 95 for b in batches)
+    results = {}
+    for share in (False, True):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        for objective in ("pg", "nll"):
+            metrics = update_step(model, optimizer, samples, pad_id=0, objective=objective, share_prefix=share,
+                                  max_grad_norm=1e9, temperature=0.7)
+            results[(share, objective)] = metrics
+        results[share] = {k: v.detach().clone() for k, v in model.named_parameters()}
+    assert results[(True, "pg")]["prefix_tokens_saved"] == 95 * 2
+    assert results[(False, "pg")]["prefix_tokens_saved"] == 0
+    for objective in ("pg", "nll"):
+        plain, shared = results[(False, objective)], results[(True, objective)]
+        for key in ("grad_norm", "trained_tokens") if objective == "pg" else ("grad_norm", "nll"):
+            assert shared[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
+    moved = [k for k in results[False] if not torch.equal(results[False][k], parameters(tiny_model)[k])]
+    assert moved
+    for name, value in results[False].items():
+        assert torch.allclose(results[True][name], value, atol=1e-5, rtol=1e-4), name
+
+
+def test_warm_start_order_is_one_epoch_in_short_runs_per_harness():
+    from harnessrl.rl.loop import sft_order
+
+    samples = [UpdateSample([i, i + 1], [0, 1], [0.0, 0.0]) for i in range(12)]
+    harnesses = ["B", "A", "C", "A", "B", "C", "A", "B", "C", "A", "B", "C"]
+    order = sft_order(samples, harnesses, seed=1, chunk=2)
+    assert sorted(id(s) for s in order) == sorted(id(s) for s in samples)  # each once
+    names = [harnesses[samples.index(s)] for s in order]
+    runs, length = [], 0
+    for i, name in enumerate(names):
+        length = length + 1 if i and names[i - 1] == name else 1
+        runs.append(length)
+    assert max(runs) <= 4 and runs.count(2) >= 3  # pairs share a prompt; no harness dominates a stretch
+    assert names[:4] != ["A", "A", "A", "A"] and len(set(names[:6])) >= 2
+    assert sft_order(samples, harnesses, seed=1, chunk=2) == order
+    assert sft_order(samples, harnesses, seed=2, chunk=2) != order
+    shuffled = sft_order(samples, harnesses, seed=1)  # chunk 1: a plain seeded shuffle
+    assert sorted(id(s) for s in shuffled) == sorted(id(s) for s in samples) and shuffled != samples

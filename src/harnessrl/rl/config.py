@@ -89,6 +89,14 @@ class TrainConfig(BaseModel):
     sft_warm_start_steps: int = Field(0, ge=0, description="SFT steps on oracle demonstrations before RL")
     sft_tasks: int = Field(32, ge=1, description="oracle demonstrations for the warm start")
     sft_learning_rate: float = Field(5e-5, gt=0.0, description="learning rate of the warm start")
+    sft_lr_schedule: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="warm-start learning-rate schedule over its steps"
+    )
+    sft_harness_run: int = Field(
+        1, ge=1,
+        description="consecutive warm-start demonstrations from one harness (they share a system prompt, "
+        "computed once per micro-batch); 1 = fully shuffled",
+    )
 
     # -- evaluation and bookkeeping ------------------------------------------------------------------
     eval_every: int = Field(0, ge=0, description="evaluate every N steps (0 = only before and after)")
@@ -128,8 +136,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "temperature": 0.7,
         "learning_rate": 2e-6,
         "micro_batch_tokens": 6144,
-        "sft_warm_start_steps": 6,
-        "sft_tasks": 24,
+        "sft_warm_start_steps": 16,
+        "sft_tasks": 64,
         "sft_learning_rate": 1e-4,
         "eval_tasks": 6,
         "eval_held_out": 4,

@@ -7,6 +7,7 @@ and gradients are accumulated so that the step's loss equals the loss over the w
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,15 +33,76 @@ class UpdateSample:
     old_values: list[float] = field(default_factory=list)
 
 
-def micro_batches(samples: list[UpdateSample], token_budget: int) -> list[list[UpdateSample]]:
-    """Returns groups of samples whose padded size (count x longest) fits ``token_budget``
-    (a sample longer than the budget goes alone). Sorted by length to waste little padding."""
-    order = sorted(samples, key=lambda s: len(s.input_ids), reverse=True)
+def trainable_prefix(sample: UpdateSample) -> int:
+    """Returns how many leading tokens of ``sample`` no loss reads: every position before the
+    one whose logits predict the first trained token (``len - 1`` when nothing is trained)."""
+    for index, flag in enumerate(sample.loss_mask):
+        if flag and index > 0:
+            return index - 1
+    return max(0, len(sample.input_ids) - 1)
+
+
+def shared_prefix(batch: list[UpdateSample]) -> int:
+    """Returns the length of the prefix every sample of ``batch`` has in common and no loss of
+    any of them reads (``trainable_prefix``); PPO value positions also lie past it."""
+    if len(batch) < 2:
+        return 0
+    limit = min(trainable_prefix(s) for s in batch)
+    first = batch[0].input_ids
+    for s in batch[1:]:
+        other = s.input_ids
+        n = min(limit, len(other))
+        i = 0
+        while i < n and first[i] == other[i]:
+            i += 1
+        limit = i
+        if limit == 0:
+            break
+    for s in batch:
+        if s.value_positions:
+            limit = min(limit, min(s.value_positions))
+    return limit
+
+
+#: A shared prefix shorter than this is not worth a separate forward pass.
+MIN_SHARED_PREFIX = 64
+
+
+def batch_cost(batch: list[UpdateSample], share_prefix: bool) -> int:
+    """Returns the tokens a micro-batch pushes through the model: rows x longest, or with a
+    shared prefix ``P``, ``P + rows x (longest - P)``."""
+    longest = max(len(s.input_ids) for s in batch)
+    prefix = shared_prefix(batch) if share_prefix else 0
+    if prefix < MIN_SHARED_PREFIX:
+        return longest * len(batch)
+    return prefix + len(batch) * (longest - prefix)
+
+
+def micro_batches(samples: list[UpdateSample], token_budget: int, share_prefix: bool = False) -> list[list[UpdateSample]]:
+    """Returns groups of samples whose cost (``batch_cost``) fits ``token_budget`` (a sample
+    longer than the budget goes alone). Without prefix sharing they are sorted by length to
+    waste little padding; with it, by their token ids, so that samples with a common prefix
+    (the G rollouts of one GRPO group, demonstrations under one harness) sit together."""
+    by_length = _pack(sorted(samples, key=lambda s: len(s.input_ids), reverse=True), token_budget, share_prefix)
+    if not share_prefix:
+        return by_length
+    by_ids = _pack(sorted(samples, key=lambda s: s.input_ids), token_budget, share_prefix)
+    # Samples without common prefixes pack better by length: keep the cheaper packing.
+    if sum(batch_cost(b, True) for b in by_ids) < sum(batch_cost(b, True) for b in by_length):
+        return by_ids
+    return by_length
+
+
+def _pack(order: list[UpdateSample], token_budget: int, share_prefix: bool) -> list[list[UpdateSample]]:
     batches: list[list[UpdateSample]] = []
     current: list[UpdateSample] = []
     for sample in order:
-        longest = max([len(sample.input_ids)] + [len(s.input_ids) for s in current])
-        if current and longest * (len(current) + 1) > token_budget:
+        full = bool(current) and batch_cost([*current, sample], share_prefix) > token_budget
+        # A sample that would end the current batch's common prefix starts a new batch.
+        breaks = share_prefix and len(current) > 1 and shared_prefix(current) >= MIN_SHARED_PREFIX > shared_prefix(
+            [*current, sample]
+        )
+        if full or breaks:
             batches.append(current)
             current = []
         current.append(sample)
@@ -49,7 +111,9 @@ def micro_batches(samples: list[UpdateSample], token_budget: int) -> list[list[U
     return batches
 
 
-def _collate(batch: list[UpdateSample], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+def _collate(
+    batch: list[UpdateSample], pad_id: int, device: torch.device, share_prefix: bool = False
+) -> dict[str, torch.Tensor]:
     length = max(len(s.input_ids) for s in batch)
     ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
     attention = torch.zeros((len(batch), length), dtype=torch.long)
@@ -73,7 +137,9 @@ def _collate(batch: list[UpdateSample], pad_id: int, device: torch.device) -> di
             if i < len(s.returns):  # targets exist once advantages are computed
                 returns[row, pos], old_values[row, pos] = s.returns[i], s.old_values[i]
     # Position t's logits predict token t+1: shift everything that belongs to targets.
+    prefix = shared_prefix(batch) if share_prefix else 0
     return {
+        "prefix_len": torch.tensor(prefix if prefix >= MIN_SHARED_PREFIX else 0),
         "value_mask": value_mask.to(device),
         "returns": returns.to(device),
         "old_values": old_values.to(device),
@@ -109,6 +175,7 @@ def update_step(
     vf_coef: float = 0.1,
     vf_clip: float | None = 0.2,
     autocast_dtype: torch.dtype | None = None,
+    share_prefix: bool = True,
 ) -> dict[str, float]:
     """Runs one optimizer step over ``samples`` and returns averaged diagnostics.
 
@@ -119,6 +186,9 @@ def update_step(
     ``autocast_dtype``: forward and backward under ``torch.autocast`` in that dtype while the
     weights, gradients and optimizer state stay in theirs (mixed precision); ``None`` is
     bfloat16 on CUDA and off elsewhere, ``torch.float32`` is off.
+    ``share_prefix``: micro-batches group samples with a common untrained prefix (a GRPO
+    group's prompt, a harness's system prompt) and run it once (``decoder_hidden``); the
+    step's loss and gradients are unchanged.
     """
     if not samples:
         return {"skipped": 1.0}
@@ -130,9 +200,11 @@ def update_step(
     total_values = float(sum(len(s.value_positions) for s in samples))
     sums: dict[str, float] = {}
     weights: dict[str, float] = {}
-    batches = micro_batches(samples, micro_batch_tokens)
+    batches = micro_batches(samples, micro_batch_tokens, share_prefix)
+    prefix_tokens_saved = 0
     for batch in batches:
-        data = _collate(batch, pad_id, device)
+        data = _collate(batch, pad_id, device, share_prefix)
+        prefix_tokens_saved += int(data["prefix_len"]) * (len(batch) - 1)
         n_tokens = float(data["mask"].sum())
         if n_tokens == 0:
             continue
@@ -191,7 +263,10 @@ def update_step(
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     result = {k: sums[k] / weights[k] for k in sums}
-    result.update({"grad_norm": float(grad_norm), "micro_batches": float(len(batches)), "trained_tokens": total_tokens})
+    result.update({
+        "grad_norm": float(grad_norm), "micro_batches": float(len(batches)), "trained_tokens": total_tokens,
+        "prefix_tokens_saved": float(prefix_tokens_saved),
+    })
     return result
 
 
@@ -223,7 +298,7 @@ def masked_token_logprobs(
     get 0. Entropy keeps its graph only when an entropy bonus needs it.
     """
     decoder, head = model.get_decoder(), model.get_output_embeddings()
-    hidden = decoder(input_ids=data["input_ids"], attention_mask=data["attention_mask"]).last_hidden_state
+    hidden = decoder_hidden(decoder, data)
     rows, cols = torch.nonzero(data["mask"] > 0, as_tuple=True)
     logits = head(hidden[:, :-1][rows, cols]).float()
     if temperature > 0 and temperature != 1.0:
@@ -239,23 +314,50 @@ def masked_token_logprobs(
     return hidden, logprobs, entropy
 
 
+def decoder_hidden(decoder: torch.nn.Module, data: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Returns the decoder's last hidden states [B, L, H] for ``data``.
+
+    With ``data["prefix_len"] = P > 0`` (every row starts with the same P tokens, see
+    ``shared_prefix``), the prefix runs once as a batch of one and its keys and values are
+    broadcast to every row for the rest; gradients from all rows flow back into the single
+    prefix pass, so the result and its gradients are those of the plain batched pass (up to
+    float rounding) at ``P x (B - 1)`` fewer tokens of compute.
+    """
+    ids, attention = data["input_ids"], data["attention_mask"]
+    prefix = int(data.get("prefix_len", 0))
+    if prefix <= 0:
+        return decoder(input_ids=ids, attention_mask=attention).last_hidden_state
+    rows, length = ids.shape
+    cache_argument = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+    head = decoder(input_ids=ids[:1, :prefix], use_cache=True)
+    cache = head.cache if cache_argument == "cache" else head.past_key_values
+    for layer in cache.layers:
+        layer.keys = layer.keys.expand(rows, -1, -1, -1)
+        layer.values = layer.values.expand(rows, -1, -1, -1)
+    positions = torch.arange(prefix, length, device=ids.device).unsqueeze(0).expand(rows, -1)
+    tail = decoder(
+        input_ids=ids[:, prefix:], attention_mask=attention, position_ids=positions, use_cache=True,
+        **{cache_argument: cache},
+    )
+    return torch.cat([head.last_hidden_state.expand(rows, -1, -1), tail.last_hidden_state], dim=1)
+
+
 @torch.no_grad()
 def compute_values(
     model: torch.nn.Module, value_head: torch.nn.Module, samples: list[UpdateSample], pad_id: int,
     micro_batch_tokens: int = 4096,
     autocast_dtype: torch.dtype | None = None,
+    share_prefix: bool = True,
 ) -> list[list[float]]:
     """Returns, per sample, the critic's values at its ``value_positions`` (no gradient),
     under the same mixed precision as ``update_step``."""
     device = next(model.parameters()).device
     model.eval()
     out: dict[int, list[float]] = {}
-    for batch in micro_batches(samples, micro_batch_tokens):
-        data = _collate(batch, pad_id, device)
+    for batch in micro_batches(samples, micro_batch_tokens, share_prefix):
+        data = _collate(batch, pad_id, device, share_prefix)
         with autocast_context(device, autocast_dtype):
-            hidden = model.get_decoder()(
-                input_ids=data["input_ids"], attention_mask=data["attention_mask"]
-            ).last_hidden_state
+            hidden = decoder_hidden(model.get_decoder(), data)
         values = value_head(hidden.float()).squeeze(-1)
         for row, sample in enumerate(batch):
             out[id(sample)] = [float(values[row, p]) for p in sample.value_positions]

@@ -77,7 +77,6 @@ def select_tasks_from(
 
 def lr_lambda(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
     """Returns the multiplier of the peak learning rate at each step (warm-up, then schedule)."""
-
     return schedule(cfg.lr_schedule, total_steps, cfg.warmup_steps)
 
 
@@ -113,8 +112,8 @@ def sft_order(
 
     Longer runs make the warm start cheaper but hurt: on the quick preset (64 demonstrations,
     16 steps of 4), whole harness groups in a row left the model with the last harnesses'
-    formats (65% format errors on held-out harnesses, 0 of 24 passed), runs of 2 gave 3 of 24,
-    a plain shuffle 7 of 24 (one seed each, `docs/results.md`).
+    formats (65% format errors on held-out harnesses, 0 of 24 passed); runs of 2 gave 0 of 24
+    (3 of 24 with a linear decay); a plain shuffle 7 and 8 of 24 (`docs/results.md`).
     """
     rng = random.Random(seed)
     groups: dict[str, list[UpdateSample]] = {}

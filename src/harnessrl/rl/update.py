@@ -331,6 +331,11 @@ def decoder_hidden(decoder: torch.nn.Module, data: dict[str, torch.Tensor]) -> t
     cache_argument = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
     head = decoder(input_ids=ids[:1, :prefix], use_cache=True)
     cache = head.cache if cache_argument == "cache" else head.past_key_values
+    from transformers.cache_utils import DynamicLayer
+
+    if not all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])):
+        # Sliding-window or other special layers keep less than every token: no broadcast.
+        return decoder(input_ids=ids, attention_mask=attention).last_hidden_state
     for layer in cache.layers:
         layer.keys = layer.keys.expand(rows, -1, -1, -1)
         layer.values = layer.values.expand(rows, -1, -1, -1)

@@ -425,8 +425,7 @@ class Trainer:
         )
         history = []
         per_step = max(1, math.ceil(len(samples) / max(1, cfg.sft_warm_start_steps)))
-        harness_of = [d.harness for d in demos for _ in d.training_samples()]
-        order = sft_order(samples, harness_of, cfg.seed, chunk=cfg.sft_harness_run)
+        order = sft_order(samples, [s.meta["harness"] for s in samples], cfg.seed, chunk=cfg.sft_harness_run)
         for i in range(cfg.sft_warm_start_steps):
             batch = [order[(i * per_step + j) % len(order)] for j in range(min(per_step, len(order)))]
             metrics = update_step(

@@ -38,9 +38,11 @@ def oracle_demonstrations(
 
 
 def sft_samples(trajectories: Sequence[Trajectory]) -> list[UpdateSample]:
-    """Returns one sample per training sequence, loss on policy tokens only."""
+    """Returns one sample per training sequence, loss on policy tokens only; ``meta["harness"]``
+    names the harness it was rendered under."""
     samples = []
     for trajectory in trajectories:
         for s in trajectory.training_samples():
-            samples.append(UpdateSample(s.input_ids, s.loss_mask, s.old_logprobs, 1.0))
+            samples.append(UpdateSample(s.input_ids, s.loss_mask, s.old_logprobs, 1.0,
+                                        meta={"harness": trajectory.harness}))
     return samples

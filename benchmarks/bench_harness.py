@@ -16,12 +16,12 @@ import statistics
 import time
 
 from harnessrl.design import orthogonal
-from harnessrl.episode import run_episode
 from harnessrl.harness import Harness, HarnessLimits, out_of_space_names
 from harnessrl.harness.registry import registered_space
 from harnessrl.policy.base import GenerationRequest, SamplingParams
 from harnessrl.policy.hf import HFPolicy
 from harnessrl.policy.scripted import OraclePolicy
+from harnessrl.rollout.episode import run_episode
 from harnessrl.tasks.suite import load_suite
 
 

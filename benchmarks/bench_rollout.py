@@ -19,11 +19,11 @@ from collections.abc import Sequence
 
 import torch
 
-from harnessrl.episode import run_episode
 from harnessrl.harness import Harness, HarnessLimits
 from harnessrl.policy.base import Generation, GenerationRequest, Policy
 from harnessrl.policy.hf import HFPolicy
-from harnessrl.rollout import RolloutEngine, RolloutJob
+from harnessrl.rollout.engine import RolloutEngine, RolloutJob
+from harnessrl.rollout.episode import run_episode
 from harnessrl.tasks.suite import load_suite
 
 CONFIGS = ["S0-T0-O0-C0-W0", "S1-T1-O1-C1-W1", "S2-T2-O2-C2-W2", "S0-T1-O2-C0-W2"]

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from harnessrl.design import orthogonal
-from harnessrl.episode import Episode, run_episode
 from harnessrl.harness import Harness, HarnessLimits, out_of_space_names
 from harnessrl.harness.base import SPAN_POLICY
 from harnessrl.harness.registry import registered_space
 from harnessrl.policy.base import Generation
 from harnessrl.policy.scripted import OraclePolicy, RandomPolicy, ReplayPolicy
-from harnessrl.rollout import RolloutEngine, RolloutJob
+from harnessrl.rollout.engine import RolloutEngine, RolloutJob
+from harnessrl.rollout.episode import Episode, run_episode
 from harnessrl.sandbox import open_sandbox
 from harnessrl.tasks import Action, FileEquals, Task
 from harnessrl.tasks.suite import load_suite

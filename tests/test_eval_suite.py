@@ -12,7 +12,6 @@ import pytest
 
 from harnessrl.cli import main
 from harnessrl.design import make_design, orthogonal
-from harnessrl.episode import run_episode
 from harnessrl.eval import sets
 from harnessrl.eval.analysis import distance_curve, factor_marginals, pairwise_interactions
 from harnessrl.eval.behaviour import behaviour_metrics, episode_counts
@@ -21,6 +20,7 @@ from harnessrl.eval.sets import resolve_eval_set
 from harnessrl.harness.harness import Harness, HarnessLimits, resolve_harness_set
 from harnessrl.harness.registry import registered_space
 from harnessrl.policy.scripted import OraclePolicy
+from harnessrl.rollout.episode import run_episode
 from harnessrl.tasks.suite import load_suite
 from harnessrl.trajectory import Trajectory, Turn
 
@@ -271,9 +271,9 @@ def test_evaluate_hands_ext_targets_to_the_external_agents_runner(monkeypatch):
     from harnessrl.eval.evaluate import evaluate
 
     calls = []
-    package = types.ModuleType("harnessrl.harness.external")
+    package = types.ModuleType("harnessrl.external")
     package.external_agent_names = lambda: ["mini"]
-    run = types.ModuleType("harnessrl.harness.external.run")
+    run = types.ModuleType("harnessrl.external.run")
 
     class ExternalConfig:
         def __init__(self, backend="auto"):
@@ -285,8 +285,8 @@ def test_evaluate_hands_ext_targets_to_the_external_agents_runner(monkeypatch):
                 for name in names for t in tasks for r in range(k)]
 
     run.ExternalConfig, run.evaluate_external_targets = ExternalConfig, evaluate_external_targets
-    monkeypatch.setitem(sys.modules, "harnessrl.harness.external", package)
-    monkeypatch.setitem(sys.modules, "harnessrl.harness.external.run", run)
+    monkeypatch.setitem(sys.modules, "harnessrl.external", package)
+    monkeypatch.setitem(sys.modules, "harnessrl.external.run", run)
     targets = resolve_eval_set("ext:mini,S0-T0-O0-C0-W0", DESIGN)
     tasks = list(load_suite("workspace").tasks("test", limit=1, seed=0))
     result = evaluate(OraclePolicy(), targets, tasks, k=2, limits=ORACLE_LIMITS, backend="auto", design=DESIGN)

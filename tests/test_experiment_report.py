@@ -70,7 +70,7 @@ def test_run_report_is_built_from_the_files_of_a_run(tmp_path):
     from harnessrl.harness.harness import Harness, HarnessLimits
     from harnessrl.policy.scripted import OraclePolicy, RandomPolicy
     from harnessrl.rl.config import load_config
-    from harnessrl.rollout import RolloutEngine, RolloutJob
+    from harnessrl.rollout.engine import RolloutEngine, RolloutJob
     from harnessrl.tasks.suite import load_suite
     from harnessrl.trajectory import save_jsonl
 

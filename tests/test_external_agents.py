@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.harness.external.agents import AGENTS, get_agent
-from harnessrl.harness.external.install import (
+from harnessrl.external.agents import AGENTS, get_agent
+from harnessrl.external.gold_replay import GoldReplayPolicy, session_name, shell_arguments
+from harnessrl.external.install import (
     AgentInstallError,
     InstallPlan,
     Package,
@@ -27,9 +28,8 @@ from harnessrl.harness.external.install import (
     require_installed,
     resolve_entry,
 )
-from harnessrl.harness.external.run import AgentServer, ExternalConfig, evaluate_external
+from harnessrl.external.run import AgentServer, ExternalConfig, evaluate_external
 from harnessrl.policy.base import GenerationRequest, SamplingParams
-from harnessrl.policy.gold_replay import GoldReplayPolicy, session_name, shell_arguments
 from harnessrl.serve.context import ServeContext, parse_completion
 from harnessrl.tasks.model import Action, Task
 from harnessrl.tasks.suite import load_suite
@@ -270,7 +270,7 @@ def _installed_or_skip(name: str) -> None:
 @pytest.mark.external_agent
 @pytest.mark.parametrize("name", NPM_AGENTS)
 def test_installed_npm_agent_runs_inside_the_sandbox(name: str) -> None:
-    from harnessrl.harness.external.run import check_agent
+    from harnessrl.external.run import check_agent
 
     _installed_or_skip(name)
     version = check_agent(name)
@@ -313,7 +313,7 @@ def test_eval_scores_ext_configurations_next_to_in_space_harnesses(
 
 
 def test_unknown_ext_configuration_is_a_clear_error() -> None:
-    from harnessrl.harness.external.run import split_external
+    from harnessrl.external.run import split_external
 
     assert split_external(["S0-T0-O0-C0-W0", "ext:codex"]) == (["S0-T0-O0-C0-W0"], ["codex"])
     with pytest.raises(ValueError, match="unknown external agent 'cursor'"):
@@ -336,7 +336,7 @@ def test_cli_lists_checks_and_runs_agents(mini_swe_agent: str, capsys: pytest.Ca
 
 
 def test_install_that_leaves_a_placeholder_fails_with_the_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from harnessrl.harness.external import install as install_module
+    from harnessrl.external import install as install_module
 
     monkeypatch.setenv("HARNESSRL_AGENTS", str(tmp_path))
 
@@ -376,8 +376,8 @@ def test_agent_that_never_reaches_the_server_is_an_error_trajectory(
 
 
 def test_external_agent_names_are_what_evaluation_sets_resolve() -> None:
-    from harnessrl.harness.external import external_agent_names
-    from harnessrl.harness.external.run import evaluate_external_targets
+    from harnessrl.external import external_agent_names
+    from harnessrl.external.run import evaluate_external_targets
 
     assert external_agent_names() == list(AGENTS)
     with pytest.raises(ValueError, match="not external targets"):

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from harnessrl.episode import run_episode
 from harnessrl.harness import Harness
 from harnessrl.harness.base import Message
 from harnessrl.harness.chat import ByteTokenizer
 from harnessrl.policy.base import GenerationRequest, SamplingParams
 from harnessrl.policy.openai import OpenAIPolicy, ServerError, parse_chatml, parse_token_choice
+from harnessrl.rollout.episode import run_episode
 from harnessrl.tasks import Action, FileEquals, Task
 
 BYTES = ByteTokenizer()

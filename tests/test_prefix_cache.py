@@ -295,7 +295,7 @@ def test_grouped_decode_attention_equals_attention_over_the_whole_padded_width(c
 
 def test_embedded_model_multi_turn_episodes_hit_the_cache_and_match_uncached_rollouts() -> None:
     from harnessrl.harness import Harness, HarnessLimits
-    from harnessrl.rollout import RolloutEngine, RolloutJob
+    from harnessrl.rollout.engine import RolloutEngine, RolloutJob
     from harnessrl.tasks.suite import load_suite
 
     policy = HFPolicy(device="cpu", max_batch_size=4)

@@ -13,8 +13,8 @@ ray = pytest.importorskip("ray", reason="the Ray backend is optional: pip instal
 
 from harnessrl.harness import Harness, HarnessLimits  # noqa: E402
 from harnessrl.policy.scripted import OraclePolicy, RandomPolicy  # noqa: E402
-from harnessrl.rollout import RolloutEngine, RolloutJob, RolloutStats  # noqa: E402
-from harnessrl.rollout_ray import RayRolloutEngine, merge_stats  # noqa: E402
+from harnessrl.rollout.engine import RolloutEngine, RolloutJob, RolloutStats  # noqa: E402
+from harnessrl.rollout.ray_engine import RayRolloutEngine, merge_stats  # noqa: E402
 from harnessrl.tasks import TaskSetup  # noqa: E402
 from harnessrl.tasks.suite import load_suite  # noqa: E402
 

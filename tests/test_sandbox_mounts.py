@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import usable_backend_or_skip
-from harnessrl.harness.external.relay import __file__ as RELAY_FILE
+from harnessrl.external.relay import __file__ as RELAY_FILE
 from harnessrl.sandbox import (
     MAX_MOUNTS,
     SandboxMount,

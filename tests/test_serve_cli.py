@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from harnessrl.cli import main
+from harnessrl.cli.serve import checkpoint_model_folder
 from harnessrl.rl.checkpoint import STATE_FILE
-from harnessrl.serve_cli import checkpoint_model_folder
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 

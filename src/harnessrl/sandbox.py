@@ -37,7 +37,7 @@ more host directories (`SandboxMount`: read-only unless asked, never over the di
 sandbox builds itself or the workspace) and adds variables to the commands' environment. This
 is how an external agent program runs here: its install folder read-only, a state folder
 (HOME, logs) writable, and a folder holding a Unix socket of `harnessrl serve`, which is the
-one way out of the network namespace (see `harnessrl.harness.external`).
+one way out of the network namespace (see `harnessrl.external`).
 
 How a command runs. Starting fresh namespaces per command costs milliseconds, and so does
 starting bash, so each sandbox starts ONE long-lived server (`_CommandServer`, a stdlib-only
@@ -266,7 +266,7 @@ class SandboxMount:
     the sandbox builds itself (``/usr``, ``/etc``, ``/proc``, ``/dev``, ``/tmp``, ``/bin``, ...)
     and outside the workspace, e.g. ``/opt/agent``. A Unix socket in a read-only mount can
     still be connected to: that is how a sandboxed program reaches a host server without any
-    network (see `harnessrl.harness.external`).
+    network (see `harnessrl.external`).
     """
 
     source: str

@@ -16,7 +16,7 @@ from harnessrl.eval.metrics import score_runs
 from harnessrl.eval.sets import EXTERNAL_PREFIX, EvalTarget
 from harnessrl.harness.harness import Harness, HarnessLimits
 from harnessrl.policy.base import Policy, SamplingParams
-from harnessrl.rollout import RolloutEngine, RolloutJob, RolloutStats
+from harnessrl.rollout.engine import RolloutEngine, RolloutJob, RolloutStats
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import Trajectory
 
@@ -129,7 +129,7 @@ def evaluate(
     Harnesses are names or ``EvalTarget``s (from ``resolve_eval_set``), which carry the group
     each is reported under. Run r of a task uses seed ``seed + r``, so repeated evaluations
     are reproducible. ``ext:<name>`` targets are external agent programs run against the
-    policy (``harnessrl.harness.external``), with ``external`` as their run config (default:
+    policy (``harnessrl.external``), with ``external`` as their run config (default:
     this sandbox ``backend``).
     """
     targets = [t if isinstance(t, EvalTarget) else EvalTarget(t, "") for t in harness_names]
@@ -146,8 +146,8 @@ def evaluate(
     )
     trajectories, stats = engine.run(jobs) if jobs else ([], None)
     if external_names:
-        # External agent programs run against the served policy (harnessrl.harness.external).
-        from harnessrl.harness.external.run import ExternalConfig, evaluate_external_targets
+        # External agent programs run against the served policy (harnessrl.external).
+        from harnessrl.external.run import ExternalConfig, evaluate_external_targets
 
         trajectories += evaluate_external_targets(
             external_names, policy, tasks, k=k, config=external or ExternalConfig(backend=backend))

@@ -20,7 +20,7 @@ GROUPS: tuple[str, ...] = ("train", "in_space", "out_of_space", "external")
 EXTERNAL_PREFIX = "ext:"
 # The module that knows external agent programs (issue 8): it must offer
 # ``external_agent_names() -> list[str]``.
-EXTERNAL_MODULE = "harnessrl.harness.external"
+EXTERNAL_MODULE = "harnessrl.external"
 
 
 @dataclass(frozen=True)

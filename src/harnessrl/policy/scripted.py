@@ -18,7 +18,7 @@ from harnessrl.policy.base import Generation, GenerationRequest, Policy
 from harnessrl.tasks.model import Action
 
 if TYPE_CHECKING:
-    from harnessrl.episode import Episode
+    from harnessrl.rollout.episode import Episode
     from harnessrl.trajectory import Trajectory
 
 

@@ -38,7 +38,7 @@ from harnessrl.rl.checkpoint import latest_checkpoint, load_training_state, save
 from harnessrl.rl.config import TrainConfig
 from harnessrl.rl.sft import oracle_demonstrations, sft_samples
 from harnessrl.rl.update import UpdateSample, compute_values, update_step
-from harnessrl.rollout import RolloutEngine, RolloutJob
+from harnessrl.rollout.engine import RolloutEngine, RolloutJob
 from harnessrl.tasks.model import Task
 from harnessrl.tasks.suite import load_suite
 from harnessrl.trajectory import save_jsonl

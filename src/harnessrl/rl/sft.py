@@ -13,7 +13,7 @@ from harnessrl.harness.chat import ChatTokenizer
 from harnessrl.harness.harness import Harness, HarnessLimits
 from harnessrl.policy.scripted import OraclePolicy
 from harnessrl.rl.update import UpdateSample
-from harnessrl.rollout import RolloutEngine, RolloutJob
+from harnessrl.rollout.engine import RolloutEngine, RolloutJob
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import Trajectory
 

@@ -11,9 +11,14 @@ from harnessrl import __version__
 
 def build_parser() -> argparse.ArgumentParser:
     """Returns the top-level parser with every sub-command registered."""
-    from harnessrl import design_cli, eval_cli, experiment_cli, rollout_cli, serve_cli, train_cli
-    from harnessrl.harness.external import cli as external_cli
-    from harnessrl.tasks import cli as tasks_cli
+    from harnessrl.cli import design as design_cli
+    from harnessrl.cli import eval as eval_cli
+    from harnessrl.cli import experiment as experiment_cli
+    from harnessrl.cli import external as external_cli
+    from harnessrl.cli import rollout as rollout_cli
+    from harnessrl.cli import serve as serve_cli
+    from harnessrl.cli import tasks as tasks_cli
+    from harnessrl.cli import train as train_cli
 
     parser = argparse.ArgumentParser(
         prog="harnessrl",

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harnessrl.harness.external.agents import (
+from harnessrl.external.agents import (
     AGENT_MOUNT,
     LOGS,
     RELAY_PORT,
@@ -41,9 +41,9 @@ from harnessrl.harness.external.agents import (
     ExternalAgent,
     get_agent,
 )
-from harnessrl.harness.external.install import require_installed
+from harnessrl.external.gold_replay import session_name
+from harnessrl.external.install import require_installed
 from harnessrl.policy.base import Policy
-from harnessrl.policy.gold_replay import session_name
 from harnessrl.sandbox import (
     WORKSPACE_MOUNT,
     ExecResult,
@@ -301,7 +301,7 @@ def policy_for_external(policy: Policy, tasks: Sequence[Task]) -> Policy:
     """Returns the policy to serve to external agents: the oracle (gold through the harness's
     own tools) becomes `GoldReplayPolicy` (gold through the agent's own tools); any other
     policy is served as it is."""
-    from harnessrl.policy.gold_replay import GoldReplayPolicy
+    from harnessrl.external.gold_replay import GoldReplayPolicy
     from harnessrl.policy.scripted import OraclePolicy
 
     return GoldReplayPolicy(tasks) if isinstance(policy, OraclePolicy) else policy

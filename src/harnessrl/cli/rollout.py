@@ -12,7 +12,7 @@ from typing import Any
 from harnessrl.harness.harness import HARNESS_SETS, Harness, HarnessLimits, resolve_harness_set
 from harnessrl.policy import POLICY_SPECS, SamplingParams, make_policy
 from harnessrl.policy.scripted import SCRIPTED_POLICIES
-from harnessrl.rollout import RolloutEngine, RolloutJob
+from harnessrl.rollout.engine import RolloutEngine, RolloutJob
 from harnessrl.tasks.suite import load_suite
 from harnessrl.trajectory import Trajectory, save_jsonl
 

@@ -16,9 +16,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from harnessrl.episode import Episode
 from harnessrl.harness.harness import Harness
 from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
+from harnessrl.rollout.episode import Episode
 from harnessrl.sandbox import SandboxLimits, open_sandbox
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import Trajectory

@@ -7,8 +7,8 @@ import json
 import sys
 from typing import Any
 
-from harnessrl.harness.external.agents import AGENTS, get_agent
-from harnessrl.harness.external.install import (
+from harnessrl.external.agents import AGENTS, get_agent
+from harnessrl.external.install import (
     AgentInstallError,
     agent_dir,
     agents_root,
@@ -101,7 +101,7 @@ def run_install(args: argparse.Namespace) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from harnessrl.harness.external.run import check_agent
+    from harnessrl.external.run import check_agent
 
     try:
         print(check_agent(args.name, backend=args.backend))
@@ -112,14 +112,14 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_run(args: argparse.Namespace) -> int:
-    from harnessrl.harness.external.run import (
+    from harnessrl.cli.rollout import summarize
+    from harnessrl.external.gold_replay import GoldReplayPolicy
+    from harnessrl.external.run import (
         ExternalConfig,
         evaluate_external,
         policy_for_external,
     )
     from harnessrl.policy import make_policy
-    from harnessrl.policy.gold_replay import GoldReplayPolicy
-    from harnessrl.rollout_cli import summarize
     from harnessrl.tasks.suite import load_suite
     from harnessrl.trajectory import save_jsonl
 

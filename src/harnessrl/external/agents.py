@@ -6,7 +6,7 @@ telemetry, update checks and error reporting switched off), its non-interactive 
 and where its final answer is. Everything runs inside the sandbox, where the agent's install
 folder is ``AGENT_MOUNT`` (read-only), its state folder ``STATE_MOUNT`` (HOME, logs, the task
 text; writable) and the server is ``http://127.0.0.1:RELAY_PORT/s/<session>`` through the
-relay (see `harnessrl.harness.external.relay`).
+relay (see `harnessrl.external.relay`).
 
 Flags and variables come from each agent's public documentation and ``--help``:
 mini-swe-agent's ``mini`` with its text-based config (``MSWEA_*``; litellm cost tracking set
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from harnessrl.harness.external.install import InstallPlan, Package
+from harnessrl.external.install import InstallPlan, Package
 
 AGENT_MOUNT = "/opt/agent"
 STATE_MOUNT = "/agent"

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from harnessrl.policy.base import Policy, SamplingParams
-from harnessrl.rollout import RolloutEngine, RolloutJob, RolloutStats, _progress_bar
+from harnessrl.rollout.engine import RolloutEngine, RolloutJob, RolloutStats, _progress_bar
 from harnessrl.sandbox import SandboxLimits
 from harnessrl.trajectory import Trajectory
 

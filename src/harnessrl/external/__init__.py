@@ -10,6 +10,6 @@ task's verifier afterwards (`run`). ``ext:<name>`` names them as evaluation conf
 def external_agent_names() -> list[str]:
     """Returns the names of the external agents harnessrl knows (``ext:<name>`` in evaluation);
     whether one is installed is checked when it runs (`harnessrl external install NAME`)."""
-    from harnessrl.harness.external.agents import AGENTS
+    from harnessrl.external.agents import AGENTS
 
     return list(AGENTS)

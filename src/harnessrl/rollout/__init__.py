@@ -1,0 +1,1 @@
+"""Rollouts: the episode state machine (`episode`), the batched engine (`engine`), Ray workers (`ray_engine`)."""

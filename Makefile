@@ -48,8 +48,10 @@ test: setup
 	@$(PY) -m pytest -q -p no:cacheprovider; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
+# ruff, then the layer contract of pyproject.toml (import-linter; run from the repo root).
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/lint-imports --no-cache
 
 bench: setup
 	$(PY) benchmarks/bench_sandbox.py

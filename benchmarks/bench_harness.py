@@ -17,7 +17,7 @@ import time
 
 from harnessrl.design import orthogonal
 from harnessrl.harness import Harness, HarnessLimits, out_of_space_names
-from harnessrl.harness.registry import registered_space
+from harnessrl.harness.registry import default_space
 from harnessrl.policy.base import GenerationRequest, SamplingParams
 from harnessrl.policy.hf import HFPolicy
 from harnessrl.policy.scripted import OraclePolicy
@@ -34,7 +34,7 @@ def main() -> None:
     policy = HFPolicy()
     tokenizer = policy.tokenizer
     tasks = list(load_suite("workspace").tasks("test", limit=args.tasks * 8, seed=0))[: args.tasks]
-    names = orthogonal(registered_space()).codes + out_of_space_names()
+    names = orthogonal(default_space()).codes + out_of_space_names()
     limits = HarnessLimits(max_new_tokens=4096, context_tokens=32768, max_turns=30)
 
     per_turn: dict[str, float] = {}

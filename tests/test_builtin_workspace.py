@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from harnessrl.tasks.base import TaskSuite
 from harnessrl.tasks.builtin.families import FAMILIES
 from harnessrl.tasks.builtin.families.common import ALL_TEMPLATES
 from harnessrl.tasks.builtin.families.vocab import TEST, TRAIN
 from harnessrl.tasks.builtin.workspace import WorkspaceSuite, suite
 from harnessrl.tasks.model import Task
-from harnessrl.tasks.suite import TaskSuite, load_suite
+from harnessrl.tasks.suite import load_suite
 
 FAMILY_NAMES = ("files", "text", "data", "sqlite", "code", "search", "state", "recovery")
 STRUCTURAL_FILE_NAMES = {"__init__.py"}  # package markers, the only names both splits use

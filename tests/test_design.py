@@ -21,7 +21,8 @@ from harnessrl.design import (
     single,
     verify_design,
 )
-from harnessrl.space import Factor, HarnessSpace, Level, default_space
+from harnessrl.harness.registry import default_space
+from harnessrl.space import Factor, HarnessSpace, Level
 
 
 def brute_force_strength2(rows, level_counts):

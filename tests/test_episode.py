@@ -10,7 +10,7 @@ import pytest
 from harnessrl.design import orthogonal
 from harnessrl.harness import Harness, HarnessLimits, out_of_space_names
 from harnessrl.harness.base import SPAN_POLICY
-from harnessrl.harness.registry import registered_space
+from harnessrl.harness.registry import default_space
 from harnessrl.policy.base import Generation
 from harnessrl.policy.scripted import OraclePolicy, RandomPolicy, ReplayPolicy
 from harnessrl.rollout.engine import RolloutEngine, RolloutJob
@@ -39,7 +39,7 @@ def simple_task():
 
 
 def test_space_is_built_from_the_registry():
-    space = registered_space()
+    space = default_space()
     assert space.letters == ("S", "T", "O", "C", "W") and space.size == 243
     names = [lv.name for lv in space.factor("T").levels]
     assert names == ["shell_block", "shell_editor_json", "fine_grained_tagged"]
@@ -47,7 +47,7 @@ def test_space_is_built_from_the_registry():
 
 def test_oracle_passes_under_every_training_config_and_out_of_space():
     """CI subset: the 18 design configs touch every level of every factor."""
-    design = orthogonal(registered_space())
+    design = orthogonal(default_space())
     names = design.codes + out_of_space_names()
     tasks = sample_tasks("test", 40, seed=1)
     rng = random.Random(0)
@@ -64,7 +64,7 @@ def test_oracle_passes_under_every_training_config_and_out_of_space():
 def test_oracle_passes_every_config_of_the_space():
     tasks = sample_tasks("test", 300, seed=2) + sample_tasks("train", 300, seed=2)
     rng = random.Random(1)
-    names = [c.code for c in registered_space().all_configs] + out_of_space_names()
+    names = [c.code for c in default_space().all_configs] + out_of_space_names()
     jobs = [RolloutJob(task, Harness.named(name, BYTE_LIMITS)) for name in names for task in rng.sample(tasks, 8)]
     trajectories, _ = RolloutEngine(OraclePolicy(), max_concurrent=8, env_workers=4).run(jobs)
     failures = [(t.config, t.task_id, t.status, t.error) for t in trajectories if not t.passed]

@@ -16,15 +16,15 @@ from harnessrl.eval import sets
 from harnessrl.eval.analysis import distance_curve, factor_marginals, pairwise_interactions
 from harnessrl.eval.behaviour import behaviour_metrics, episode_counts
 from harnessrl.eval.metrics import bootstrap_ci, pass_at_k, score_runs
-from harnessrl.eval.sets import resolve_eval_set
-from harnessrl.harness.harness import Harness, HarnessLimits, resolve_harness_set
-from harnessrl.harness.registry import registered_space
+from harnessrl.eval.sets import resolve_eval_set, resolve_harness_set
+from harnessrl.harness.harness import Harness, HarnessLimits
+from harnessrl.harness.registry import default_space
 from harnessrl.policy.scripted import OraclePolicy
 from harnessrl.rollout.episode import run_episode
 from harnessrl.tasks.suite import load_suite
 from harnessrl.trajectory import Trajectory, Turn
 
-SPACE = registered_space()
+SPACE = default_space()
 DESIGN = orthogonal(SPACE)
 ORACLE_LIMITS = HarnessLimits(max_turns=12, max_new_tokens=16_384, context_tokens=262_144)
 

@@ -263,6 +263,6 @@ def test_eval_loads_full_and_lora_checkpoints_of_a_run(tmp_path, tiny_model, lor
 
 def config_codes(config):
     from harnessrl.design import make_design
-    from harnessrl.harness.registry import registered_space
+    from harnessrl.harness.registry import default_space
 
-    return make_design(registered_space(), config["design"], seed=config["seed"]).codes
+    return make_design(default_space(), config["design"], seed=config["seed"]).codes

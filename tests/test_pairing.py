@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harnessrl.design import orthogonal, random_design
+from harnessrl.harness.registry import default_space
 from harnessrl.pairing import PairingSchedule
-from harnessrl.space import default_space
 
 DESIGN = orthogonal(default_space())
 TASKS = [f"task-{i}" for i in range(50)]

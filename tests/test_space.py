@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harnessrl.space import Factor, HarnessConfig, HarnessSpace, Level, default_space
+from harnessrl.harness.registry import default_space
+from harnessrl.space import Factor, HarnessConfig, HarnessSpace, Level
 
 
 def make_space(level_counts):

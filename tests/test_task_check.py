@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from harnessrl.tasks.base import ListSuite
 from harnessrl.tasks.check import CheckReport, TaskCheck, check_suite, check_task, check_tasks
 from harnessrl.tasks.files import load_task_suite
 from harnessrl.tasks.model import Action, Task, TaskSetup
-from harnessrl.tasks.suite import ListSuite
 from harnessrl.tasks.verify import (
     AllOf,
     AnswerEquals,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from harnessrl.tasks.base import ListSuite
 from harnessrl.tasks.files import (
     TaskFileError,
     dump_tasks,
@@ -17,7 +18,7 @@ from harnessrl.tasks.files import (
     task_to_dict,
 )
 from harnessrl.tasks.model import Action, Task, TaskSetup
-from harnessrl.tasks.suite import ListSuite, available_suites, load_suite
+from harnessrl.tasks.suite import available_suites, load_suite
 from harnessrl.tasks.verify import (
     AllOf,
     AnswerEquals,

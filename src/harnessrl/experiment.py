@@ -124,12 +124,12 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
             raise ValueError(f"{path}: field base.{name}: set by the experiment for every arm; remove it "
                              "(seeds go in `seeds`, evaluation in `eval`)")
     from harnessrl.design import make_design
-    from harnessrl.harness.registry import registered_space
+    from harnessrl.harness.registry import default_space
 
     for arm in spec.arms:  # every arm must build a valid training config and schedule
         cfg = arm_config(spec, arm, spec.seeds[0], Path("/nonexistent"), source=str(path))
         try:
-            size = len(make_design(registered_space(), cfg.design, n=cfg.design_n, seed=cfg.seed, base=cfg.base_harness))
+            size = len(make_design(default_space(), cfg.design, n=cfg.design_n, seed=cfg.seed, base=cfg.base_harness))
         except ValueError as exc:
             raise ValueError(f"{path}: arm {arm.name!r}: field design: {exc}") from None
         if cfg.pairing != "repeat" and cfg.k > size:
@@ -190,7 +190,7 @@ def run_experiment(spec: ExperimentSpec, out_dir: str | Path, log: Logger = prin
     from harnessrl.eval.evaluate import evaluate
     from harnessrl.eval.report import write_run_report
     from harnessrl.eval.sets import resolve_eval_set
-    from harnessrl.harness.registry import registered_space
+    from harnessrl.harness.registry import default_space
     from harnessrl.rl.loop import Trainer, select_tasks_from
     from harnessrl.trajectory import save_jsonl
 
@@ -200,7 +200,7 @@ def run_experiment(spec: ExperimentSpec, out_dir: str | Path, log: Logger = prin
     budgets = {json.dumps(budget(c), sort_keys=True) for c in configs.values()}
     if len(budgets) != 1:  # cannot happen while arms may only set ARM_FIELDS; checked anyway
         raise ValueError(f"arms of {spec.name} do not share one budget: {sorted(budgets)}")
-    eval_design = make_design(registered_space(), spec.eval.design, seed=spec.eval.seed)
+    eval_design = make_design(default_space(), spec.eval.design, seed=spec.eval.seed)
     targets = resolve_eval_set(spec.eval.configs, eval_design, held_out=spec.eval.held_out, seed=spec.eval.seed)
     _write_atomic(out / "experiment.json", {
         "spec": spec.model_dump(), "source": source, "budget": budget(next(iter(configs.values()))),

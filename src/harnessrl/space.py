@@ -216,12 +216,3 @@ class HarnessSpace:
         return {
             f.name: f.levels[level].name for f, level in zip(self.factors, config.levels, strict=True)
         }
-
-
-def default_space() -> HarnessSpace:
-    """Returns the paper's space as registered by the harness runtime: S, T, O, C, W with
-    three realizations each (3^5 = 243 configurations). Registering another level or
-    factor (``harnessrl.harness.registry``) changes it."""
-    from harnessrl.harness.registry import registered_space
-
-    return registered_space()

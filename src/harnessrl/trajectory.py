@@ -16,7 +16,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harnessrl.harness.base import SPAN_POLICY
+# What each prompt token is; only ``policy`` tokens are trained.
+SPAN_SYSTEM = "system"  # the system prompt
+SPAN_TASK = "task"  # the task instruction (first user message)
+SPAN_POLICY = "policy"  # tokens the policy sampled
+SPAN_OBSERVATION = "observation"  # tool output shown to the policy
+SPAN_REMINDER = "reminder"  # harness-injected reminders, reviews, error notices
+SPAN_SUMMARY = "summary"  # context digests and placeholders written by the harness
+SPAN_FORMAT = "format"  # chat-template scaffolding (role headers, separators)
+SPAN_KINDS: tuple[str, ...] = (
+    SPAN_SYSTEM, SPAN_TASK, SPAN_POLICY, SPAN_OBSERVATION, SPAN_REMINDER, SPAN_SUMMARY, SPAN_FORMAT,
+)
 
 STATUSES: tuple[str, ...] = (
     "submitted",  # the policy submitted and the workflow accepted it
@@ -89,11 +99,17 @@ class TrainingSample:
 
 @dataclass
 class Trajectory:
-    """One episode: task, harness configuration, turns, outcome and metrics."""
+    """One episode: task, harness configuration, turns, outcome and metrics.
+
+    ``config`` is the evaluation target the episode ran under (an in-space code such as
+    ``S1-T2-O0-C1-W2``, an out-of-space name, or ``ext:<agent>``); ``harness`` is the harness
+    that rendered the prompts. They are equal except for external agents, where ``config`` is
+    ``ext:<agent>`` and ``harness`` the agent program's name.
+    """
 
     task_id: str
-    config: str
-    harness: str
+    config: str  # the evaluation target (``ext:<agent>`` for an external agent)
+    harness: str  # what rendered the prompts (the agent's name for an external agent)
     turns: list[Turn] = field(default_factory=list)
     reward: float = 0.0
     passed: bool = False

@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 from harnessrl.design import DESIGN_KINDS, Design, HeldOut, make_design
+from harnessrl.harness.registry import default_space
 from harnessrl.pairing import STRATEGIES, PairingSchedule
-from harnessrl.space import default_space
 
 
 def register(subparsers: Any) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from harnessrl.design import DESIGN_KINDS, make_design
 from harnessrl.eval.sets import EVAL_SETS, resolve_eval_set
 from harnessrl.harness.harness import HarnessLimits
-from harnessrl.harness.registry import registered_space
+from harnessrl.harness.registry import default_space
 from harnessrl.policy import POLICY_SPECS, make_policy
 from harnessrl.policy.scripted import SCRIPTED_POLICIES
 
@@ -86,7 +86,7 @@ def run_eval(args: argparse.Namespace) -> int:
         or (262_144 if scripted else HarnessLimits.context_tokens),
     )
     design = make_design(
-        registered_space(), args.design or run_config.get("design", "orthogonal"),
+        default_space(), args.design or run_config.get("design", "orthogonal"),
         n=run_config.get("design_n"), seed=run_config.get("seed", 0), base=run_config.get("base_harness"),
     )
     targets = resolve_eval_set(args.configs, design, held_out=args.held_out, seed=args.seed)

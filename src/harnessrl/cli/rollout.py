@@ -9,7 +9,8 @@ import sys
 from collections import defaultdict
 from typing import Any
 
-from harnessrl.harness.harness import HARNESS_SETS, Harness, HarnessLimits, resolve_harness_set
+from harnessrl.eval.sets import HARNESS_SETS, resolve_harness_set
+from harnessrl.harness.harness import Harness, HarnessLimits
 from harnessrl.policy import POLICY_SPECS, SamplingParams, make_policy
 from harnessrl.policy.scripted import SCRIPTED_POLICIES
 from harnessrl.rollout.engine import RolloutEngine, RolloutJob

@@ -10,8 +10,9 @@ from typing import Any
 
 import yaml
 
+from harnessrl.tasks.base import TaskSuite
 from harnessrl.tasks.model import Task
-from harnessrl.tasks.suite import TaskSuite, available_suites, load_suite
+from harnessrl.tasks.suite import available_suites, load_suite
 
 DEFAULT_SUITE = "workspace"
 DEFAULT_SPLIT = "test"

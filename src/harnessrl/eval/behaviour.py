@@ -141,15 +141,6 @@ def behaviour_metrics(trajectories: Iterable[Trajectory]) -> dict[str, dict[str,
     }
 
 
-def behaviour_delta(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> dict[str, float | None]:
-    """Returns after - before of each behaviour's rate (None when either is missing)."""
-    out: dict[str, float | None] = {}
-    for name in BEHAVIOURS:
-        a, b = before.get(name, {}).get("rate"), after.get(name, {}).get("rate")
-        out[name] = None if a is None or b is None else b - a
-    return out
-
-
 def rates(metrics: dict[str, dict[str, Any]], names: Sequence[str] = BEHAVIOURS) -> dict[str, float | None]:
     """Returns just the rates of ``metrics``."""
     return {name: metrics.get(name, {}).get("rate") for name in names}

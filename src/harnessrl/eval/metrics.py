@@ -20,13 +20,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def mean_pass_at_k(correct_per_task: Sequence[Sequence[bool]], k: int) -> float:
-    """Returns pass@k averaged over tasks (each task's list holds its n runs)."""
-    if not correct_per_task:
-        return 0.0
-    return float(np.mean([pass_at_k(len(runs), sum(runs), k) for runs in correct_per_task]))
-
-
 def avg_at_k(correct_per_task: Sequence[Sequence[bool]]) -> float:
     """Returns Avg@k: the mean success rate over each task's k runs, averaged over tasks."""
     if not correct_per_task:

@@ -456,14 +456,14 @@ def write_run_report(run_dir: str | Path) -> Path:
     """(Re)builds ``RUN_DIR/report/`` from the files of a training run; returns the HTML path."""
     from harnessrl.design import make_design
     from harnessrl.eval.evaluate import score_trajectories
-    from harnessrl.harness.registry import registered_space
+    from harnessrl.harness.registry import default_space
 
     run_dir = Path(run_dir)
     config_path = run_dir / "config.json"
     if not config_path.exists():
         raise FileNotFoundError(f"{run_dir}: not a training run (no config.json); pass a run, eval or experiment folder")
     cfg = json.loads(config_path.read_text(encoding="utf-8"))
-    design = make_design(registered_space(), cfg.get("design", "orthogonal"), n=cfg.get("design_n"),
+    design = make_design(default_space(), cfg.get("design", "orthogonal"), n=cfg.get("design_n"),
                          seed=cfg.get("seed", 0), base=cfg.get("base_harness"))
     groups = {code: "train" for code in design.codes}
     doc = Doc(f"Training run {run_dir.name}", run_dir / "report")

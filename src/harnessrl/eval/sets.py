@@ -12,8 +12,9 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from harnessrl.design import Design
+from harnessrl.design import Design, orthogonal
 from harnessrl.harness.harness import OUT_OF_SPACE_PRESETS, out_of_space_names
+from harnessrl.harness.registry import default_space
 
 EVAL_SETS: tuple[str, ...] = ("train", "design", "held-out", "out-of-space", "space", "all")
 GROUPS: tuple[str, ...] = ("train", "in_space", "out_of_space", "external")
@@ -100,3 +101,15 @@ def resolve_eval_set(spec: str, design: Design, held_out: int = 18, seed: int = 
     for target in targets:
         seen.setdefault(target.name, target)
     return list(seen.values())
+
+
+HARNESS_SETS: tuple[str, ...] = ("design", "held-out", "out-of-space", "all", "space")
+
+
+def resolve_harness_set(spec: str, seed: int = 0, held_out: int = 18) -> list[str]:
+    """Returns harness names for a set spec relative to the orthogonal design: ``design``
+    (the 18 training configurations), ``held-out`` (the in-space test set), ``out-of-space``,
+    ``all`` (design + held-out + out-of-space), ``space`` (all 243), or comma-separated codes
+    and out-of-space names (see ``resolve_eval_set``)."""
+    design = orthogonal(default_space())
+    return [target.name for target in resolve_eval_set(spec, design, held_out=held_out, seed=seed)]

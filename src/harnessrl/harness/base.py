@@ -13,23 +13,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+# The span labels belong to the token-level record; harness authors find them here too.
+from harnessrl.trajectory import (  # noqa: F401 - re-exported for harness authors
+    SPAN_FORMAT,
+    SPAN_KINDS,
+    SPAN_OBSERVATION,
+    SPAN_POLICY,
+    SPAN_REMINDER,
+    SPAN_SUMMARY,
+    SPAN_SYSTEM,
+    SPAN_TASK,
+)
+
 if TYPE_CHECKING:
     from harnessrl.sandbox import Sandbox
     from harnessrl.tasks.model import Action, Task
 
 Role = Literal["system", "user", "assistant"]
-
-# Span labels carried by every token of a trajectory. Only ``policy`` tokens are trainable.
-SPAN_SYSTEM = "system"  # the system prompt
-SPAN_TASK = "task"  # the task instruction (first user message)
-SPAN_POLICY = "policy"  # tokens the policy sampled
-SPAN_OBSERVATION = "observation"  # tool output shown to the policy
-SPAN_REMINDER = "reminder"  # harness-injected reminders, reviews, error notices
-SPAN_SUMMARY = "summary"  # context digests and placeholders written by the harness
-SPAN_FORMAT = "format"  # chat-template scaffolding (role headers, separators)
-SPAN_KINDS: tuple[str, ...] = (
-    SPAN_SYSTEM, SPAN_TASK, SPAN_POLICY, SPAN_OBSERVATION, SPAN_REMINDER, SPAN_SUMMARY, SPAN_FORMAT,
-)
 
 
 @dataclass

@@ -11,7 +11,7 @@ from harnessrl.harness.base import (
     ToolInterface,
     Workflow,
 )
-from harnessrl.harness.registry import component_class, out_of_space_class, registered_space
+from harnessrl.harness.registry import component_class, default_space, out_of_space_class
 from harnessrl.space import HarnessConfig
 
 
@@ -85,7 +85,7 @@ class Harness:
     @classmethod
     def from_config(cls, config: HarnessConfig | str, limits: HarnessLimits | None = None) -> Harness:
         """Returns the harness of an in-space configuration (a ``HarnessConfig`` or its code)."""
-        space = registered_space()
+        space = default_space()
         if isinstance(config, str):
             config = space.parse(config)
         parts = {letter: component_class(letter, level)() for letter, level in zip(config.letters, config.levels, strict=True)}
@@ -119,18 +119,3 @@ class Harness:
 def out_of_space_names() -> list[str]:
     """Returns the names of the out-of-space harnesses."""
     return list(OUT_OF_SPACE_PRESETS)
-
-
-HARNESS_SETS: tuple[str, ...] = ("design", "held-out", "out-of-space", "all", "space")
-
-
-def resolve_harness_set(spec: str, seed: int = 0, held_out: int = 18) -> list[str]:
-    """Returns harness names for a set spec relative to the orthogonal design: ``design``
-    (the 18 training configurations), ``held-out`` (the in-space test set), ``out-of-space``,
-    ``all`` (design + held-out + out-of-space), ``space`` (all 243), or comma-separated codes
-    and out-of-space names (see ``harnessrl.eval.sets.resolve_eval_set``)."""
-    from harnessrl.design import orthogonal
-    from harnessrl.eval.sets import resolve_eval_set
-
-    design = orthogonal(registered_space())
-    return [target.name for target in resolve_eval_set(spec, design, held_out=held_out, seed=seed)]

@@ -1,8 +1,10 @@
 """The component registry: (factor letter, level) -> realization, and the space built from it.
 
-Users add a level by subclassing a component with a new ``level`` and calling
-``register``; a new factor needs ``register_factor`` first (its components then have to be
-understood by the episode loop, which only knows the five default factors).
+The built-in realizations register themselves when their factor modules are imported, which
+``harnessrl.harness`` (the package) does first. Users add a level by subclassing a component
+with a new ``level`` and calling ``register``; a new factor needs ``register_factor`` first
+(its components then have to be understood by the episode loop, which only knows the five
+default factors).
 """
 
 from __future__ import annotations
@@ -54,14 +56,8 @@ def register(cls: type[Component]) -> type[Component]:
     return cls
 
 
-def _ensure_builtin() -> None:
-    # Importing the factor modules registers the built-in realizations.
-    from harnessrl.harness import context, observation, out_of_space, prompts, tools, workflow  # noqa: F401
-
-
 def component_class(letter: str, level: int) -> type[Component]:
     """Returns the registered realization of ``letter`` at ``level``."""
-    _ensure_builtin()
     try:
         return _COMPONENTS[(letter, level)]
     except KeyError:
@@ -71,7 +67,6 @@ def component_class(letter: str, level: int) -> type[Component]:
 
 def out_of_space_class(letter: str, name: str) -> type[Component]:
     """Returns an out-of-space component by factor letter and name."""
-    _ensure_builtin()
     try:
         return _OUT_OF_SPACE[letter][name]
     except KeyError:
@@ -79,9 +74,10 @@ def out_of_space_class(letter: str, name: str) -> type[Component]:
         raise KeyError(f"no out-of-space {letter} component {name!r}; known: {names}") from None
 
 
-def registered_space() -> HarnessSpace:
-    """Returns the harness space made of every registered factor and level (contiguous levels)."""
-    _ensure_builtin()
+def default_space() -> HarnessSpace:
+    """Returns the harness space made of every registered factor and level (contiguous levels):
+    the papers' space S, T, O, C, W with three realizations each (3^5 = 243 configurations)
+    unless a user registered another level or factor."""
     factors = []
     for info in _FACTORS:
         levels = sorted(lv for (ltr, lv) in _COMPONENTS if ltr == info.letter)

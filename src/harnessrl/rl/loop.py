@@ -30,7 +30,7 @@ from harnessrl.eval.behaviour import rates
 from harnessrl.eval.evaluate import EvalResult, evaluate
 from harnessrl.eval.sets import EvalTarget
 from harnessrl.harness.harness import Harness, HarnessLimits, out_of_space_names
-from harnessrl.harness.registry import registered_space
+from harnessrl.harness.registry import default_space
 from harnessrl.pairing import PairingSchedule
 from harnessrl.policy.base import SamplingParams
 from harnessrl.rl.advantages import gae, grpo_advantages, no_signal_fraction
@@ -207,7 +207,7 @@ class Trainer:
             self._drop_metrics_from(int(self.state["step"]))
             self.log(f"resumed from {checkpoint} (step {self.state['step']})")
 
-        space = registered_space()
+        space = default_space()
         self.design = make_design(space, cfg.design, n=cfg.design_n, seed=cfg.seed, base=cfg.base_harness)
         self.held_out = self.design.held_out(cfg.eval_held_out, seed=cfg.seed)
         self.limits = HarnessLimits(

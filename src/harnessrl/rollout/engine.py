@@ -13,7 +13,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from harnessrl.harness.harness import Harness
@@ -75,8 +75,39 @@ class _Slot:
         self.trajectory: Trajectory | None = None
 
 
+@dataclass(frozen=True)
+class EngineOptions:
+    """How an engine runs episodes; the same for ``RolloutEngine`` and each Ray worker's engine.
+
+    ``max_concurrent`` episodes are in flight at once (all that wait for the model go into one
+    policy call); ``env_workers`` threads run sandbox steps; ``sampling`` is passed to every
+    episode (the harness's per-turn limit still caps it); ``backend`` and ``sandbox_limits``
+    open each episode's sandbox (default limits: the harness's command timeout);
+    ``batch_wait_s`` is how long a ready batch waits for episodes still in a sandbox step.
+    """
+
+    max_concurrent: int = 8
+    env_workers: int = 4
+    sampling: SamplingParams | None = None
+    backend: str = "auto"
+    sandbox_limits: SandboxLimits | None = None
+    batch_wait_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_concurrent < 1 or self.env_workers < 1:
+            raise ValueError(
+                f"max_concurrent and env_workers must be >= 1, got {self.max_concurrent} and {self.env_workers}"
+            )
+        if self.batch_wait_s < 0:
+            raise ValueError(f"batch_wait_s must be >= 0, got {self.batch_wait_s}")
+
+
 class RolloutEngine:
-    """Runs rollout jobs concurrently against one policy and returns their trajectories."""
+    """Runs rollout jobs concurrently against one policy and returns their trajectories.
+
+    The keyword arguments are the fields of ``EngineOptions``; ``progress`` shows a bar and
+    ``on_trajectory(index, trajectory)`` is called as each episode finishes.
+    """
 
     def __init__(
         self,
@@ -90,25 +121,23 @@ class RolloutEngine:
         on_trajectory: Callable[[int, Trajectory], None] | None = None,
         batch_wait_s: float = 1.0,
     ) -> None:
-        if max_concurrent < 1 or env_workers < 1:
-            raise ValueError("max_concurrent and env_workers must be >= 1")
+        self.options = EngineOptions(max_concurrent, env_workers, sampling, backend, sandbox_limits, batch_wait_s)
         self.policy = policy
-        self.max_concurrent = max_concurrent
-        self.env_workers = env_workers
-        self.sampling = sampling
-        self.backend = backend
-        self.sandbox_limits = sandbox_limits
         self.progress = progress
         self.on_trajectory = on_trajectory
-        self.batch_wait_s = batch_wait_s  # how long a ready batch waits for in-flight sandbox steps
+
+    @classmethod
+    def from_options(cls, policy: Policy, options: EngineOptions, **kwargs: Any) -> RolloutEngine:
+        """Returns an engine with these options (``kwargs``: ``progress``, ``on_trajectory``)."""
+        return cls(policy, **{f.name: getattr(options, f.name) for f in fields(options)}, **kwargs)
 
     # -- environment work, run in the thread pool ----------------------------------------
     def _open(self, slot: _Slot) -> _Slot:
         job = slot.job
         try:
-            limits = self.sandbox_limits or SandboxLimits(timeout_s=job.harness.limits.command_timeout_s)
-            slot.sandbox = open_sandbox(backend=self.backend, limits=limits)
-            slot.episode = Episode(job.harness, job.task, slot.sandbox, self.policy.tokenizer, self.sampling, job.seed)
+            limits = self.options.sandbox_limits or SandboxLimits(timeout_s=job.harness.limits.command_timeout_s)
+            slot.sandbox = open_sandbox(backend=self.options.backend, limits=limits)
+            slot.episode = Episode(job.harness, job.task, slot.sandbox, self.policy.tokenizer, self.options.sampling, job.seed)
             slot.episode.start()
             return self._next_request(slot)
         except Exception as exc:
@@ -176,10 +205,10 @@ class RolloutEngine:
         waiting: list[_Slot] = []
         batch_sizes: list[int] = []
 
-        with ThreadPoolExecutor(max_workers=self.env_workers, thread_name_prefix="rollout-env") as pool:
+        with ThreadPoolExecutor(max_workers=self.options.env_workers, thread_name_prefix="rollout-env") as pool:
 
             def launch() -> None:
-                while len(in_flight) + len(waiting) < self.max_concurrent:
+                while len(in_flight) + len(waiting) < self.options.max_concurrent:
                     nxt = next(pending, None)
                     if nxt is None:
                         return
@@ -210,11 +239,11 @@ class RolloutEngine:
                 launch()
                 if not waiting:
                     continue
-                if in_flight and self.batch_wait_s > 0:
+                if in_flight and self.options.batch_wait_s > 0:
                     # Environment steps take milliseconds, generation takes seconds: let
                     # episodes still in the sandbox join this batch instead of the next, or
                     # the episodes split into cohorts that never share a batch again.
-                    done, _ = wait(in_flight, timeout=self.batch_wait_s)
+                    done, _ = wait(in_flight, timeout=self.options.batch_wait_s)
                     collect(done)
                     launch()
                 batch, waiting = waiting, []

@@ -23,7 +23,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from harnessrl.policy.base import Policy, SamplingParams
-from harnessrl.rollout.engine import RolloutEngine, RolloutJob, RolloutStats, _progress_bar
+from harnessrl.rollout.engine import (
+    EngineOptions,
+    RolloutEngine,
+    RolloutJob,
+    RolloutStats,
+    _progress_bar,
+)
 from harnessrl.sandbox import SandboxLimits
 from harnessrl.trajectory import Trajectory
 
@@ -57,9 +63,9 @@ def _import_ray() -> Any:
 class _RolloutWorker:
     """A Ray actor's state: one policy built in the actor and the engine settings to run chunks."""
 
-    def __init__(self, policy_factory: PolicyFactory, engine_kwargs: dict[str, Any]) -> None:
+    def __init__(self, policy_factory: PolicyFactory, options: EngineOptions) -> None:
         self.policy = policy_factory()
-        self.engine_kwargs = engine_kwargs
+        self.options = options
 
     def ready(self) -> str:
         """Returns the policy's name once the actor has built it (raises if building failed)."""
@@ -69,7 +75,7 @@ class _RolloutWorker:
         self, first_index: int, jobs: list[RolloutJob]
     ) -> tuple[int, list[Trajectory], RolloutStats]:
         """Runs one chunk; returns its first job index, its trajectories in order, and stats."""
-        trajectories, stats = RolloutEngine(self.policy, **self.engine_kwargs).run(jobs)
+        trajectories, stats = RolloutEngine.from_options(self.policy, self.options).run(jobs)
         return first_index, trajectories, stats
 
     def close(self) -> None:
@@ -127,8 +133,9 @@ class RayRolloutEngine:
         num_cpus: int | None = None,
         actor_options: Mapping[str, Any] | None = None,
     ) -> None:
-        if num_workers < 1 or max_concurrent < 1 or env_workers < 1:
-            raise ValueError("num_workers, max_concurrent and env_workers must be >= 1")
+        options = EngineOptions(max_concurrent, env_workers, sampling, backend, sandbox_limits)
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1 or None, got {chunk_size}")
         if not callable(policy_factory):
@@ -139,20 +146,13 @@ class RayRolloutEngine:
         self.ray = _import_ray()
         self.policy_factory = policy_factory
         self.num_workers = num_workers
-        self.max_concurrent = max_concurrent
+        self.options = options
         self.chunk_size = chunk_size
         self.progress = progress
         self.on_trajectory = on_trajectory
         self.ray_address = ray_address
         self.num_cpus = num_cpus
         self.actor_options = dict(actor_options) if actor_options is not None else {"num_cpus": 1}
-        self.engine_kwargs: dict[str, Any] = {
-            "max_concurrent": max_concurrent,
-            "env_workers": env_workers,
-            "sampling": sampling,
-            "backend": backend,
-            "sandbox_limits": sandbox_limits,
-        }
         self._actors: list[Any] = []
         self._started_ray = False
 
@@ -172,7 +172,7 @@ class RayRolloutEngine:
             self._started_ray = True
         actor_class = ray.remote(**self.actor_options)(_RolloutWorker)
         self._actors = [
-            actor_class.remote(self.policy_factory, self.engine_kwargs)
+            actor_class.remote(self.policy_factory, self.options)
             for _ in range(self.num_workers)
         ]
         try:
@@ -207,7 +207,7 @@ class RayRolloutEngine:
         # One chunk fills an actor's engine (max_concurrent episodes batched per policy call);
         # smaller chunks would shrink the batches, larger ones would balance the load worse.
         # A run too short to give every worker that much is split evenly instead.
-        return max(1, min(self.max_concurrent, math.ceil(n_jobs / self.num_workers)))
+        return max(1, min(self.options.max_concurrent, math.ceil(n_jobs / self.num_workers)))
 
     def run(self, jobs: Iterable[RolloutJob]) -> tuple[list[Trajectory], RolloutStats]:
         """Runs every job on the actors; returns trajectories in job order (errored ones included)

@@ -24,7 +24,7 @@ from typing import Any
 from harnessrl.serve import fields
 from harnessrl.serve.context import API_MESSAGES
 from harnessrl.serve.engine import Completion, CompletionSet, InvalidRequest, ParsedRequest, new_id
-from harnessrl.serve.openai_chat import text_pieces
+from harnessrl.serve.streaming import text_pieces
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "stop_sequence": "stop_sequence", "tool_calls": "tool_use"}
 IGNORED_BLOCKS = ("thinking", "redacted_thinking")

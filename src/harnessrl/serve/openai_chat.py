@@ -21,10 +21,10 @@ from typing import Any
 from harnessrl.serve import fields
 from harnessrl.serve.context import API_CHAT
 from harnessrl.serve.engine import CompletionSet, InvalidRequest, ParsedRequest, new_id
+from harnessrl.serve.streaming import text_pieces
 
 TEXT_PARTS = ("text", "input_text", "output_text")
 FINISH_REASONS = {"stop": "stop", "stop_sequence": "stop", "length": "length", "tool_calls": "tool_calls"}
-STREAM_PIECE_CHARS = 32
 
 
 def _assistant_calls(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
@@ -172,12 +172,6 @@ def chat_response(result: CompletionSet, request: ParsedRequest, model: str, dec
         "choices": choices,
         "usage": _usage(result),
     }
-
-
-def text_pieces(text: str, size: int = STREAM_PIECE_CHARS) -> Iterator[str]:
-    """Yields ``text`` in pieces of ``size`` characters (nothing for empty text)."""
-    for start in range(0, len(text), size):
-        yield text[start : start + size]
 
 
 def sse_data(payload: Any) -> str:

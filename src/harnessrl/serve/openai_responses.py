@@ -28,7 +28,7 @@ from typing import Any
 from harnessrl.serve import fields
 from harnessrl.serve.context import API_RESPONSES
 from harnessrl.serve.engine import CompletionSet, InvalidRequest, ParsedRequest, new_id
-from harnessrl.serve.openai_chat import text_pieces
+from harnessrl.serve.streaming import text_pieces
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 CUSTOM_INPUT_SCHEMA = {

@@ -25,7 +25,7 @@ from harnessrl.tasks.model import Task, apply_action, prepare_workspace, verify_
 
 if TYPE_CHECKING:
     from harnessrl.sandbox import Sandbox
-    from harnessrl.tasks.suite import TaskSuite
+    from harnessrl.tasks.base import TaskSuite
 
 SandboxFactory = Callable[[], "Sandbox"]
 

@@ -26,14 +26,16 @@ import json
 import posixpath
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import MISSING
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, get_type_hints
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
+from harnessrl.tasks.base import TASK_FILE_SUFFIXES, ListSuite
 from harnessrl.tasks.model import ACTION_KINDS, Action, Task, TaskSetup
-from harnessrl.tasks.suite import TASK_FILE_SUFFIXES, ListSuite
 from harnessrl.tasks.verify import Check, PythonCheck, check_from_dict
 
 SUITE_KEYS: tuple[str, ...] = ("name", "description", "tasks")
@@ -64,16 +66,15 @@ class SetupSpec(_Strict):
     script: str | None = None
 
 
-class ActionSpec(_Strict):
-    """One gold action; which fields are needed depends on ``kind``."""
-
-    kind: Literal["write_file", "edit_file", "run", "submit"]
-    path: str | None = None
-    content: str | None = None
-    old: str | None = None
-    new: str | None = None
-    command: str | None = None
-    answer: str | None = None
+# One gold action as written in a file: the fields of ``Action`` itself (one definition), checked
+# strictly here; which of them a kind needs is checked by ``Action`` when it is built.
+ActionSpec = create_model(
+    "ActionSpec",
+    __base__=_Strict,
+    __doc__="One gold action; which fields are needed depends on ``kind``.",
+    **{f.name: (hint, f.default if f.default is not MISSING else ...)
+       for f, hint in ((f, get_type_hints(Action)[f.name]) for f in dataclass_fields(Action))},
+)
 
 
 class TaskSpec(_Strict):

@@ -15,10 +15,10 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from harnessrl.tasks.base import TaskSuite
 from harnessrl.tasks.builtin.families import FAMILIES
 from harnessrl.tasks.builtin.families.common import SPLITS, TIERS, GenContext
 from harnessrl.tasks.model import Task
-from harnessrl.tasks.suite import TaskSuite
 
 TASK_ID = re.compile(r"^ws-(?P<split>[a-z]+)-(?P<family>[a-z]+)-(?P<tier>\d+)-(?P<index>\d+)$")
 

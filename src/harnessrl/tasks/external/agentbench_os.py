@@ -47,8 +47,8 @@ from pathlib import Path
 from threading import Lock
 from typing import Any
 
+from harnessrl.tasks.base import TaskSuite, sample_in_order
 from harnessrl.tasks.model import Action, Task, TaskSetup
-from harnessrl.tasks.suite import TaskSuite, sample_in_order
 from harnessrl.tasks.verify import AnswerEquals, AnyOf, Check, CommandExit
 
 SUITE_NAME = "agentbench-os"

@@ -2,7 +2,7 @@
 
 Harness Scaling pairs each task with K configurations of the training design: an anchor
 drawn uniformly, then its K-1 nearest other configurations by Hamming distance, rolled out
-on K successive steps (paper 000/001, "Cross-harness training"; K=2 by default).
+on K successive steps (the Harness Scaling paper's "Cross-harness training"; K=2 by default).
 The batch for step t depends only on the seed and t, so a resumed run continues the
 same schedule.
 """

@@ -191,6 +191,26 @@ class HarnessSpace:
             )
         return self.config(levels)
 
+    def neighbours(self, config: HarnessConfig, radius: int = 1) -> list[HarnessConfig]:
+        """Returns every configuration at Hamming distance 1..``radius`` from ``config``, nearest
+        first, then in level order (the default space has 10 at radius 1)."""
+        if radius < 1:
+            raise ValueError(f"radius must be >= 1, got {radius}")
+        if not self.contains(config):
+            raise ValueError(f"{config} is not a configuration of {self}")
+        found: list[HarnessConfig] = []
+        for distance in range(1, min(radius, len(self.factors)) + 1):
+            within: list[HarnessConfig] = []
+            for positions in itertools.combinations(range(len(self.factors)), distance):
+                choices = [[lv for lv in range(self.level_counts[i]) if lv != config.levels[i]] for i in positions]
+                for new_levels in itertools.product(*choices):
+                    levels = list(config.levels)
+                    for i, lv in zip(positions, new_levels, strict=True):
+                        levels[i] = lv
+                    within.append(HarnessConfig(config.letters, tuple(levels)))
+            found += sorted(within, key=lambda c: c.levels)
+        return found
+
     def example_code(self) -> str:
         return "-".join(f"{f.letter}{i % f.n_levels}" for i, f in enumerate(self.factors))
 

@@ -1,7 +1,7 @@
 """Behaviour metrics from trajectories: what the policy did, not only whether it passed.
 
 Harness Scaling reports six behaviours, of which state tracking, workflow compliance and
-error recovery move most and observation reading least (papers 000/001). Each metric here
+error recovery move most and observation reading least (the Harness Scaling paper). Each metric here
 is a ratio ``count / opportunities`` pooled over episodes, defined on what a trajectory
 records (turn kinds, parsed calls, per-call outcomes, observations); ``docs/evaluation.md``
 gives the exact definitions. A metric with no opportunity in a set is ``None``, not 0.

@@ -19,7 +19,7 @@ from harnessrl.harness.registry import default_space
 EVAL_SETS: tuple[str, ...] = ("train", "design", "held-out", "out-of-space", "space", "all")
 GROUPS: tuple[str, ...] = ("train", "in_space", "out_of_space", "external")
 EXTERNAL_PREFIX = "ext:"
-# The module that knows external agent programs (issue 8): it must offer
+# The module that knows external agent programs: it must offer
 # ``external_agent_names() -> list[str]``.
 EXTERNAL_MODULE = "harnessrl.external"
 

@@ -452,7 +452,7 @@ class SchemaToolInterface(ToolInterface):
             return replace(output, output=encodable(output.output), stderr=encodable(output.stderr))
         except (ToolError, SandboxError) as exc:
             return error_output(name, encodable(str(exc)))
-        except Exception as exc:  # bad input must never crash an episode (DESIGN rule 3)
+        except Exception as exc:  # bad input must never crash an episode (bad input is an observation: docs/architecture.md)
             message = f"{name} failed ({INTERNAL_ERROR} {type(exc).__name__}): {exc}"
             return error_output(name, encodable(message))
 

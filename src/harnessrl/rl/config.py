@@ -2,7 +2,7 @@
 
 Presets: ``quick`` (the default: minutes on a 2-core CPU with the embedded model) and
 ``paper`` (the Harness Scaling protocol: GRPO, 16 tasks x 8 rollouts per step, K=2
-neighbour pairing over the OA(18) design, 300 steps; papers 000/001).
+neighbour pairing over the OA(18) design, 300 steps; the Harness Scaling paper).
 """
 
 from __future__ import annotations

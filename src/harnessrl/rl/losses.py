@@ -1,7 +1,7 @@
 """Policy-gradient losses as pure tensor functions, with the math written out.
 
 Shapes: every per-token tensor is [batch, seq]; ``mask`` is 1 on policy tokens (the only
-trainable ones, DESIGN rule 1) and 0 elsewhere.
+trainable ones: token-in/token-out, docs/architecture.md) and 0 elsewhere.
 
 The token-level clipped surrogate (PPO, Schulman et al. 2017, eq. 7; GRPO, Shao et al.
 2024, eq. 3; Harness-S eq. 7 with decoupled clip ranges eta- = 0.20, eta+ = 0.28 as in

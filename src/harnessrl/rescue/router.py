@@ -1,0 +1,249 @@
+"""The adaptive harness router (Harness-S): which K siblings rescue a task, decided before it runs.
+
+A router ranks the members of a sibling pool for one task and returns the Top-K. Every router
+ranks before any rescue rollout runs (the paper's routing must choose without seeing outcomes):
+
+- ``validation``: each sibling's success on paired validation tasks minus H0's on the same
+  tasks, optionally per task family; Top-K by that margin, ties broken by the seed.
+- ``profile``: behaviour profiles P_i = {prefer, avoid} per sibling, and several voters (LLMs)
+  that each rank the siblings for the task; rank r gets weight ``VOTE_WEIGHTS[r]`` (1, 3/4,
+  1/2, 1/4 for the first four places, 0 after), summed over voters; Top-K (paper, eq. 11).
+- ``random``: K siblings drawn uniformly (the paper's routing ablation, Table 2).
+
+Routers are deterministic functions of (their state, the task, the seed), and their state
+round-trips through ``state_dict`` / ``load_state_dict`` so a resumed run routes exactly as an
+uninterrupted one. Re-anchoring (``ValidationRouter.anchor``) replaces the validation evidence
+with a newer measurement, because a sibling's value drifts as the policy learns (the paper's
+nonstationarity: H1's +15 over H0 fell to -4).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+VOTE_WEIGHTS: tuple[float, ...] = (1.0, 0.75, 0.5, 0.25)
+ROUTERS: tuple[str, ...] = ("validation", "profile", "random")
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """What a router may know of a task before it runs: its id, family and instruction."""
+
+    task_id: str
+    family: str = ""
+    instruction: str = ""
+
+
+class Router(Protocol):
+    """Ranks sibling names for a task; ``route`` returns the Top-``k``."""
+
+    name: str
+
+    def rank(self, task: TaskInfo, siblings: Sequence[str], seed: int) -> list[str]:
+        """Returns every sibling, best first."""
+        ...
+
+    def route(self, task: TaskInfo, siblings: Sequence[str], k: int, seed: int) -> list[str]:
+        """Returns the ``k`` best siblings (all of them when there are fewer)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Returns the router's state as JSON-serializable data."""
+        ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores what ``state_dict`` returned."""
+        ...
+
+
+def top_k_by_score(scores: Mapping[str, float], siblings: Sequence[str], seed: int | str) -> list[str]:
+    """Returns ``siblings`` sorted by descending score; equal scores are ordered by a shuffle
+    drawn from ``seed`` (so ties do not always favour the same sibling). A sibling missing
+    from ``scores`` scores 0."""
+    rng = random.Random(seed)
+    tiebreak = {name: rng.random() for name in sorted(siblings)}
+    return sorted(siblings, key=lambda name: (-float(scores.get(name, 0.0)), tiebreak[name]))
+
+
+class _RankingRouter:
+    name = "router"
+
+    def rank(self, task: TaskInfo, siblings: Sequence[str], seed: int) -> list[str]:
+        raise NotImplementedError
+
+    def route(self, task: TaskInfo, siblings: Sequence[str], k: int, seed: int) -> list[str]:
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        return self.rank(task, siblings, seed)[:k]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        return None
+
+
+class RandomRouter(_RankingRouter):
+    """K siblings drawn uniformly with the seed (no evidence used)."""
+
+    name = "random"
+
+    def rank(self, task: TaskInfo, siblings: Sequence[str], seed: int) -> list[str]:
+        order = sorted(siblings)
+        random.Random(f"{seed}:{task.task_id}").shuffle(order)
+        return order
+
+
+@dataclass
+class ValidationRecord:
+    """Paired validation outcomes: per task id, whether H0 and each sibling solved it; the
+    family of each task; and the update step the policy had when this was measured."""
+
+    h0: dict[str, bool] = field(default_factory=dict)
+    siblings: dict[str, dict[str, bool]] = field(default_factory=dict)
+    families: dict[str, str] = field(default_factory=dict)
+    step: int = 0
+
+    def margin(self, sibling: str, family: str | None = None) -> float | None:
+        """Returns the sibling's success rate minus H0's over the tasks both ran (of one family
+        when given); None when they share no such task."""
+        outcomes = self.siblings.get(sibling, {})
+        tasks = [t for t in outcomes if t in self.h0 and (family is None or self.families.get(t) == family)]
+        if not tasks:
+            return None
+        return sum(outcomes[t] for t in tasks) / len(tasks) - sum(self.h0[t] for t in tasks) / len(tasks)
+
+    def margins(self) -> dict[str, float]:
+        """Returns every sibling's margin over H0 (siblings without shared tasks are left out)."""
+        out = {}
+        for sibling in self.siblings:
+            m = self.margin(sibling)
+            if m is not None:
+                out[sibling] = m
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"h0": self.h0, "siblings": self.siblings, "families": self.families, "step": self.step}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ValidationRecord:
+        return cls(
+            h0={str(k): bool(v) for k, v in data.get("h0", {}).items()},
+            siblings={str(s): {str(k): bool(v) for k, v in o.items()} for s, o in data.get("siblings", {}).items()},
+            families={str(k): str(v) for k, v in data.get("families", {}).items()},
+            step=int(data.get("step", 0)),
+        )
+
+
+class ValidationRouter(_RankingRouter):
+    """Top-K by paired validation margin over H0, per task family when ``per_family`` and the
+    family has evidence (else overall). Every ``anchor`` call replaces the evidence and is kept
+    in ``history`` (each re-anchor's per-sibling margins, for the nonstationarity analysis)."""
+
+    name = "validation"
+
+    def __init__(self, record: ValidationRecord | None = None, per_family: bool = False) -> None:
+        self.record = record or ValidationRecord()
+        self.per_family = per_family
+        self.history: list[dict[str, Any]] = []
+        if record is not None:
+            self.history.append({"step": record.step, "margins": record.margins()})
+
+    def anchor(self, record: ValidationRecord) -> None:
+        """Replaces the validation evidence (a re-anchor) and records its margins."""
+        self.record = record
+        self.history.append({"step": record.step, "margins": record.margins()})
+
+    def scores(self, task: TaskInfo, siblings: Sequence[str]) -> dict[str, float]:
+        """Returns each sibling's margin for this task (0 without evidence)."""
+        out: dict[str, float] = {}
+        for name in siblings:
+            margin = self.record.margin(name, task.family) if self.per_family and task.family else None
+            if margin is None:
+                margin = self.record.margin(name)
+            out[name] = 0.0 if margin is None else margin
+        return out
+
+    def rank(self, task: TaskInfo, siblings: Sequence[str], seed: int) -> list[str]:
+        return top_k_by_score(self.scores(task, siblings), siblings, f"{seed}:{task.task_id}")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"record": self.record.to_dict(), "per_family": self.per_family, "history": self.history}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.record = ValidationRecord.from_dict(state.get("record", {}))
+        self.per_family = bool(state.get("per_family", self.per_family))
+        self.history = list(state.get("history", []))
+
+
+def aggregate_votes(
+    rankings: Sequence[Sequence[str]], siblings: Sequence[str], weights: Sequence[float] = VOTE_WEIGHTS
+) -> dict[str, float]:
+    """Returns each sibling's summed rank weight over the voters' rankings (eq. 11): a voter's
+    first place adds ``weights[0]``, its second ``weights[1]``, ...; places past the weights add
+    0; names that are not siblings and repeats within one ranking are ignored."""
+    known = set(siblings)
+    scores = {name: 0.0 for name in siblings}
+    for ranking in rankings:
+        seen: set[str] = set()
+        place = 0
+        for name in ranking:
+            if name not in known or name in seen:
+                continue
+            seen.add(name)
+            if place < len(weights):
+                scores[name] += float(weights[place])
+            place += 1
+    return scores
+
+
+# A voter: given the task and the siblings with their profiles, returns a ranking (names, best
+# first), or raises ``ValueError`` for an answer it could not read (counted, then ignored).
+Voter = Callable[[TaskInfo, Mapping[str, Mapping[str, Any]]], list[str]]
+
+
+class ProfileRouter(_RankingRouter):
+    """Voters rank the siblings from their behaviour profiles; weighted votes pick the Top-K.
+
+    ``profiles`` maps a sibling to ``{"prefer": [{"when", "behavior"}...], "avoid": [...]}``.
+    A voter that fails or answers garbage is counted in ``malformed_votes`` and ignored; when
+    every voter fails the ranking falls back to the seed's tie order (all scores 0).
+    """
+
+    name = "profile"
+
+    def __init__(self, voters: Sequence[Voter], profiles: Mapping[str, Mapping[str, Any]] | None = None,
+                 weights: Sequence[float] = VOTE_WEIGHTS) -> None:
+        if not voters:
+            raise ValueError(
+                "profile routing needs at least one voter (an OpenAI-compatible endpoint); "
+                "configure one, or use router 'validation' or 'random'"
+            )
+        self.voters = list(voters)
+        self.profiles: dict[str, Mapping[str, Any]] = dict(profiles or {})
+        self.weights = tuple(weights)
+        self.malformed_votes = 0
+        self.votes = 0
+
+    def rank(self, task: TaskInfo, siblings: Sequence[str], seed: int) -> list[str]:
+        shown = {name: self.profiles.get(name, {"prefer": [], "avoid": []}) for name in siblings}
+        rankings: list[list[str]] = []
+        for voter in self.voters:
+            self.votes += 1
+            try:
+                rankings.append(list(voter(task, shown)))
+            except (ValueError, KeyError, TypeError, OSError):
+                self.malformed_votes += 1
+        scores = aggregate_votes(rankings, siblings, self.weights)
+        return top_k_by_score(scores, siblings, f"{seed}:{task.task_id}")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"profiles": self.profiles, "malformed_votes": self.malformed_votes, "votes": self.votes}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.profiles = dict(state.get("profiles", {}))
+        self.malformed_votes = int(state.get("malformed_votes", 0))
+        self.votes = int(state.get("votes", 0))

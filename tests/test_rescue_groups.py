@@ -150,10 +150,10 @@ def test_profile_router_takes_the_top_k_of_the_votes_breaks_ties_by_seed_and_cou
     router = ProfileRouter([voter(["H3", "H1", "H2"]), voter(["H1", "H3"]), garbage])
     task = TaskInfo("t1")
     # H3: 1 + .75 = 1.75; H1: .75 + 1 = 1.75 (a tie); H2: .5
-    top = router.route(task, ["H1", "H2", "H3", "H4"], 3, seed=0)
+    top = router.route(task, "H0", ["H1", "H2", "H3", "H4"], 3, seed=0)
     assert set(top[:2]) == {"H1", "H3"} and top[2] == "H2"
     assert router.malformed_votes == 1 and router.votes == 3
-    orders = {tuple(router.route(task, ["H1", "H2", "H3", "H4"], 2, seed=s)) for s in range(20)}
+    orders = {tuple(router.route(task, "H0", ["H1", "H2", "H3", "H4"], 2, seed=s)) for s in range(20)}
     assert orders == {("H1", "H3"), ("H3", "H1")}  # the tie goes either way, decided by the seed
     with pytest.raises(ValueError, match="needs at least one voter"):
         ProfileRouter([])
@@ -161,45 +161,54 @@ def test_profile_router_takes_the_top_k_of_the_votes_breaks_ties_by_seed_and_cou
 
 def test_validation_router_ranks_by_margin_over_h0_and_re_anchoring_changes_the_routing():
     tasks = [f"t{i}" for i in range(6)]
-    first = ValidationRecord(
-        h0=dict.fromkeys(tasks, False),
-        siblings={"H1": {t: i < 4 for i, t in enumerate(tasks)}, "H2": {t: i < 1 for i, t in enumerate(tasks)},
-                  "H3": dict.fromkeys(tasks, False)},
-        step=0,
-    )
-    router = ValidationRouter(first)
-    assert router.route(TaskInfo("x"), ["H1", "H2", "H3"], 2, seed=0) == ["H1", "H2"]
-    later = ValidationRecord(h0={t: i < 3 for i, t in enumerate(tasks)},
-                             siblings={"H1": {t: i < 2 for i, t in enumerate(tasks)}, "H2": dict.fromkeys(tasks, True),
-                                       "H3": {t: i < 3 for i, t in enumerate(tasks)}}, step=10)
+    first = ValidationRecord(outcomes={
+        "H0": dict.fromkeys(tasks, False),
+        "H1": {t: i < 4 for i, t in enumerate(tasks)}, "H2": {t: i < 1 for i, t in enumerate(tasks)},
+        "H3": dict.fromkeys(tasks, False),
+    }, step=0)
+    router = ValidationRouter(first, track=["H0"])
+    assert router.route(TaskInfo("x"), "H0", ["H1", "H2", "H3"], 2, seed=0) == ["H1", "H2"]
+    later = ValidationRecord(outcomes={
+        "H0": {t: i < 3 for i, t in enumerate(tasks)},
+        "H1": {t: i < 2 for i, t in enumerate(tasks)}, "H2": dict.fromkeys(tasks, True),
+        "H3": {t: i < 3 for i, t in enumerate(tasks)},
+    }, step=10)
     router.anchor(later)
-    assert router.route(TaskInfo("x"), ["H1", "H2", "H3"], 1, seed=0) == ["H2"]
+    assert router.route(TaskInfo("x"), "H0", ["H1", "H2", "H3"], 1, seed=0) == ["H2"]
     assert [h["step"] for h in router.history] == [0, 10]
-    assert router.history[0]["margins"]["H1"] == pytest.approx(4 / 6)
-    assert router.history[1]["margins"]["H1"] == pytest.approx(-1 / 6)  # nonstationarity is recorded
+    assert router.history[0]["margins"]["H0"]["H1"] == pytest.approx(4 / 6)
+    assert router.history[1]["margins"]["H0"]["H1"] == pytest.approx(-1 / 6)  # nonstationarity is recorded
+
+
+def test_margins_are_relative_to_each_groups_own_h0():
+    record = ValidationRecord(outcomes={"A": {"t": True, "u": False}, "B": {"t": False, "u": False},
+                                        "S": {"t": True, "u": True}})
+    assert record.margin("S", "A") == pytest.approx(0.5) and record.margin("S", "B") == pytest.approx(1.0)
+    assert record.margin("S", "missing") is None
 
 
 def test_per_family_validation_uses_the_task_family_when_it_has_evidence():
     record = ValidationRecord(
-        h0={"a": False, "b": False, "c": False, "d": False},
-        siblings={"H1": {"a": True, "b": True, "c": False, "d": False}, "H2": {"a": False, "b": False, "c": True, "d": False}},
+        outcomes={"H0": {"a": False, "b": False, "c": False, "d": False},
+                  "H1": {"a": True, "b": True, "c": False, "d": False},
+                  "H2": {"a": False, "b": False, "c": True, "d": False}},
         families={"a": "files", "b": "files", "c": "sqlite", "d": "sqlite"},
     )
     router = ValidationRouter(record, per_family=True)
-    assert router.route(TaskInfo("z", family="sqlite"), ["H1", "H2"], 1, seed=0) == ["H2"]
-    assert router.route(TaskInfo("z", family="files"), ["H1", "H2"], 1, seed=0) == ["H1"]
-    assert router.route(TaskInfo("z", family="code"), ["H1", "H2"], 1, seed=0) == ["H1"]  # overall
+    assert router.route(TaskInfo("z", family="sqlite"), "H0", ["H1", "H2"], 1, seed=0) == ["H2"]
+    assert router.route(TaskInfo("z", family="files"), "H0", ["H1", "H2"], 1, seed=0) == ["H1"]
+    assert router.route(TaskInfo("z", family="code"), "H0", ["H1", "H2"], 1, seed=0) == ["H1"]  # overall
 
 
 def test_router_state_round_trips_and_routes_the_same_after_restore():
-    record = ValidationRecord(h0={"a": False, "b": True},
-                              siblings={name: {"a": i % 3 == 0, "b": i % 2 == 0} for i, name in enumerate(SIBLINGS)})
+    record = ValidationRecord(outcomes={"H0": {"a": False, "b": True}} | {
+        name: {"a": i % 3 == 0, "b": i % 2 == 0} for i, name in enumerate(SIBLINGS)})
     router, restored = ValidationRouter(record, per_family=True), ValidationRouter()
-    assert restored.route(TaskInfo("t1"), SIBLINGS, 3, 0) != router.route(TaskInfo("t1"), SIBLINGS, 3, 0)
+    assert restored.route(TaskInfo("t1"), "H0", SIBLINGS, 3, 0) != router.route(TaskInfo("t1"), "H0", SIBLINGS, 3, 0)
     restored.load_state_dict(router.state_dict())
     assert restored.per_family and restored.history == router.history
     for seed, task in itertools.product(range(5), ["t1", "t2"]):
-        assert router.route(TaskInfo(task), SIBLINGS, 3, seed) == restored.route(TaskInfo(task), SIBLINGS, 3, seed)
+        assert router.route(TaskInfo(task), "H0", SIBLINGS, 3, seed) == restored.route(TaskInfo(task), "H0", SIBLINGS, 3, seed)
     voters = [lambda task, profiles: sorted(profiles)]
     profile = ProfileRouter(voters, profiles={"H1": {"prefer": [{"when": "sqlite", "behavior": "reads schema"}]}})
     again = ProfileRouter(voters)

@@ -111,7 +111,7 @@ def plan_rescue(
             candidates = [name for name in siblings_of(info.harness) if name != info.harness]
             if not candidates:
                 continue
-            chosen = router.route(info.task, candidates, k, seed=seed + info.group)
+            chosen = router.route(info.task, info.harness, candidates, k, seed=seed + info.group)
             runs += [RescueRun(info.group, name, member) for member, name in enumerate(chosen)]
     return runs
 

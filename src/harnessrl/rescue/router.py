@@ -4,7 +4,7 @@ A router ranks the members of a sibling pool for one task and returns the Top-K.
 ranks before any rescue rollout runs (the paper's routing must choose without seeing outcomes):
 
 - ``validation``: each sibling's success on paired validation tasks minus H0's on the same
-  tasks, optionally per task family; Top-K by that margin, ties broken by the seed.
+  tasks (H0 is the group's own harness), optionally per task family; Top-K by that margin, ties broken by the seed.
 - ``profile``: behaviour profiles P_i = {prefer, avoid} per sibling, and several voters (LLMs)
   that each rank the siblings for the task; rank r gets weight ``VOTE_WEIGHTS[r]`` (1, 3/4,
   1/2, 1/4 for the first four places, 0 after), summed over voters; Top-K (paper, eq. 11).
@@ -42,11 +42,11 @@ class Router(Protocol):
 
     name: str
 
-    def rank(self, task: TaskInfo, siblings: Sequence[str], seed: int) -> list[str]:
-        """Returns every sibling, best first."""
+    def rank(self, task: TaskInfo, h0: str, siblings: Sequence[str], seed: int) -> list[str]:
+        """Returns every sibling of ``h0``, best first."""
         ...
 
-    def route(self, task: TaskInfo, siblings: Sequence[str], k: int, seed: int) -> list[str]:
+    def route(self, task: TaskInfo, h0: str, siblings: Sequence[str], k: int, seed: int) -> list[str]:
         """Returns the ``k`` best siblings (all of them when there are fewer)."""
         ...
 
@@ -71,13 +71,13 @@ def top_k_by_score(scores: Mapping[str, float], siblings: Sequence[str], seed: i
 class _RankingRouter:
     name = "router"
 
-    def rank(self, task: TaskInfo, siblings: Sequence[str], seed: int) -> list[str]:
+    def rank(self, task: TaskInfo, h0: str, siblings: Sequence[str], seed: int) -> list[str]:
         raise NotImplementedError
 
-    def route(self, task: TaskInfo, siblings: Sequence[str], k: int, seed: int) -> list[str]:
+    def route(self, task: TaskInfo, h0: str, siblings: Sequence[str], k: int, seed: int) -> list[str]:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        return self.rank(task, siblings, seed)[:k]
+        return self.rank(task, h0, siblings, seed)[:k]
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -91,7 +91,7 @@ class RandomRouter(_RankingRouter):
 
     name = "random"
 
-    def rank(self, task: TaskInfo, siblings: Sequence[str], seed: int) -> list[str]:
+    def rank(self, task: TaskInfo, h0: str, siblings: Sequence[str], seed: int) -> list[str]:
         order = sorted(siblings)
         random.Random(f"{seed}:{task.task_id}").shuffle(order)
         return order
@@ -99,83 +99,90 @@ class RandomRouter(_RankingRouter):
 
 @dataclass
 class ValidationRecord:
-    """Paired validation outcomes: per task id, whether H0 and each sibling solved it; the
-    family of each task; and the update step the policy had when this was measured."""
+    """Paired validation outcomes: per harness (H0s and siblings alike), per task id, whether
+    it was solved; the family of each task; and the update step the policy had when this was
+    measured. Pairing is by task: a margin compares two harnesses on the tasks both ran."""
 
-    h0: dict[str, bool] = field(default_factory=dict)
-    siblings: dict[str, dict[str, bool]] = field(default_factory=dict)
+    outcomes: dict[str, dict[str, bool]] = field(default_factory=dict)
     families: dict[str, str] = field(default_factory=dict)
     step: int = 0
 
-    def margin(self, sibling: str, family: str | None = None) -> float | None:
-        """Returns the sibling's success rate minus H0's over the tasks both ran (of one family
-        when given); None when they share no such task."""
-        outcomes = self.siblings.get(sibling, {})
-        tasks = [t for t in outcomes if t in self.h0 and (family is None or self.families.get(t) == family)]
+    def margin(self, sibling: str, h0: str, family: str | None = None) -> float | None:
+        """Returns the sibling's success rate minus ``h0``'s over the tasks both ran (of one
+        family when given); None when they share no such task."""
+        mine, base = self.outcomes.get(sibling, {}), self.outcomes.get(h0, {})
+        tasks = [t for t in mine if t in base and (family is None or self.families.get(t) == family)]
         if not tasks:
             return None
-        return sum(outcomes[t] for t in tasks) / len(tasks) - sum(self.h0[t] for t in tasks) / len(tasks)
+        return (sum(mine[t] for t in tasks) - sum(base[t] for t in tasks)) / len(tasks)
 
-    def margins(self) -> dict[str, float]:
-        """Returns every sibling's margin over H0 (siblings without shared tasks are left out)."""
+    def margins(self, h0: str) -> dict[str, float]:
+        """Returns every other harness's margin over ``h0`` (those without shared tasks left out)."""
         out = {}
-        for sibling in self.siblings:
-            m = self.margin(sibling)
+        for name in self.outcomes:
+            m = self.margin(name, h0) if name != h0 else None
             if m is not None:
-                out[sibling] = m
+                out[name] = m
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"h0": self.h0, "siblings": self.siblings, "families": self.families, "step": self.step}
+        return {"outcomes": self.outcomes, "families": self.families, "step": self.step}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ValidationRecord:
         return cls(
-            h0={str(k): bool(v) for k, v in data.get("h0", {}).items()},
-            siblings={str(s): {str(k): bool(v) for k, v in o.items()} for s, o in data.get("siblings", {}).items()},
+            outcomes={str(h): {str(k): bool(v) for k, v in o.items()} for h, o in data.get("outcomes", {}).items()},
             families={str(k): str(v) for k, v in data.get("families", {}).items()},
             step=int(data.get("step", 0)),
         )
 
 
 class ValidationRouter(_RankingRouter):
-    """Top-K by paired validation margin over H0, per task family when ``per_family`` and the
-    family has evidence (else overall). Every ``anchor`` call replaces the evidence and is kept
-    in ``history`` (each re-anchor's per-sibling margins, for the nonstationarity analysis)."""
+    """Top-K by paired validation margin over the group's H0, per task family when
+    ``per_family`` and the family has evidence (else overall). Every ``anchor`` call replaces
+    the evidence; ``history`` keeps each anchor's margins over the H0s named in ``track`` (the
+    nonstationarity the paper reports is read from it)."""
 
     name = "validation"
 
-    def __init__(self, record: ValidationRecord | None = None, per_family: bool = False) -> None:
+    def __init__(self, record: ValidationRecord | None = None, per_family: bool = False,
+                 track: Sequence[str] = ()) -> None:
         self.record = record or ValidationRecord()
         self.per_family = per_family
+        self.track = list(track)
         self.history: list[dict[str, Any]] = []
         if record is not None:
-            self.history.append({"step": record.step, "margins": record.margins()})
+            self._remember(record)
+
+    def _remember(self, record: ValidationRecord) -> None:
+        self.history.append({"step": record.step, "margins": {h0: record.margins(h0) for h0 in self.track}})
 
     def anchor(self, record: ValidationRecord) -> None:
         """Replaces the validation evidence (a re-anchor) and records its margins."""
         self.record = record
-        self.history.append({"step": record.step, "margins": record.margins()})
+        self._remember(record)
 
-    def scores(self, task: TaskInfo, siblings: Sequence[str]) -> dict[str, float]:
-        """Returns each sibling's margin for this task (0 without evidence)."""
+    def scores(self, task: TaskInfo, h0: str, siblings: Sequence[str]) -> dict[str, float]:
+        """Returns each sibling's margin over ``h0`` for this task (0 without evidence)."""
         out: dict[str, float] = {}
         for name in siblings:
-            margin = self.record.margin(name, task.family) if self.per_family and task.family else None
+            margin = self.record.margin(name, h0, task.family) if self.per_family and task.family else None
             if margin is None:
-                margin = self.record.margin(name)
+                margin = self.record.margin(name, h0)
             out[name] = 0.0 if margin is None else margin
         return out
 
-    def rank(self, task: TaskInfo, siblings: Sequence[str], seed: int) -> list[str]:
-        return top_k_by_score(self.scores(task, siblings), siblings, f"{seed}:{task.task_id}")
+    def rank(self, task: TaskInfo, h0: str, siblings: Sequence[str], seed: int) -> list[str]:
+        return top_k_by_score(self.scores(task, h0, siblings), siblings, f"{seed}:{task.task_id}")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"record": self.record.to_dict(), "per_family": self.per_family, "history": self.history}
+        return {"record": self.record.to_dict(), "per_family": self.per_family, "track": self.track,
+                "history": self.history}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.record = ValidationRecord.from_dict(state.get("record", {}))
         self.per_family = bool(state.get("per_family", self.per_family))
+        self.track = list(state.get("track", self.track))
         self.history = list(state.get("history", []))
 
 
@@ -200,8 +207,9 @@ def aggregate_votes(
     return scores
 
 
-# A voter: given the task and the siblings with their profiles, returns a ranking (names, best
-# first), or raises ``ValueError`` for an answer it could not read (counted, then ignored).
+# A voter: given the task and the siblings with their profiles (relative to H0), returns a
+# ranking (names, best first), or raises ``ValueError`` for an answer it could not read
+# (counted, then ignored).
 Voter = Callable[[TaskInfo, Mapping[str, Mapping[str, Any]]], list[str]]
 
 
@@ -228,7 +236,7 @@ class ProfileRouter(_RankingRouter):
         self.malformed_votes = 0
         self.votes = 0
 
-    def rank(self, task: TaskInfo, siblings: Sequence[str], seed: int) -> list[str]:
+    def rank(self, task: TaskInfo, h0: str, siblings: Sequence[str], seed: int) -> list[str]:
         shown = {name: self.profiles.get(name, {"prefer": [], "avoid": []}) for name in siblings}
         rankings: list[list[str]] = []
         for voter in self.voters:

@@ -85,6 +85,37 @@ class TrainConfig(BaseModel):
     vf_clip: float = Field(0.2, ge=0.0, description="PPO value clip range")
     skip_no_signal_groups: bool = Field(True, description="leave groups with all-equal rewards out of the update")
 
+    # -- Harness-S rescue -------------------------------------------------------------------------------
+    rescue: Literal["none", "siblings", "h0", "mixture"] = Field(
+        "none",
+        description="what replaces a GRPO group in which every rollout failed: none (plain GRPO); siblings "
+        "(Harness-S: the router picks rescue_k siblings, one rollout each); h0 (rescue_k more rollouts under the "
+        "group's own harness); mixture (no rescue; every group mixes its harness and siblings, "
+        "mixture_fraction under siblings)",
+    )
+    rescue_k: int = Field(8, ge=1, description="rollouts of a rescue group, one per chosen sibling (paper: K = G = 8)")
+    siblings: str = Field(
+        "space",
+        description="where a group's siblings come from: 'space' (its Hamming-1 neighbours in the harness space), "
+        "'space:R' (distance <= R)",
+    )
+    router: Literal["validation", "random"] = Field(
+        "validation",
+        description="how siblings are picked: validation (paired validation margin over the group's harness; "
+        "Harness-S' public recipes) or random (the routing ablation)",
+    )
+    router_per_family: bool = Field(False, description="validation routing per task family where it has evidence")
+    rescue_validation_tasks: int = Field(
+        8, ge=1, description="paired validation tasks (train split, drawn apart from training) per anchor"
+    )
+    reanchor_every: int = Field(
+        10, ge=0, description="re-run the paired validation every N updates, and once after training (paper: 10; 0 = "
+        "only before training)",
+    )
+    mixture_fraction: float = Field(
+        0.5, ge=0.0, le=1.0, description="share of a group's rollouts under siblings for rescue: mixture"
+    )
+
     # -- warm start -----------------------------------------------------------------------------------
     sft_warm_start_steps: int = Field(0, ge=0, description="SFT steps on oracle demonstrations before RL")
     sft_tasks: int = Field(32, ge=1, description="oracle demonstrations for the warm start")
@@ -116,6 +147,12 @@ class TrainConfig(BaseModel):
             raise ValueError(f"tiers must be a non-empty subset of 1..4, got {self.tiers}")
         if self.context_tokens <= self.max_new_tokens:
             raise ValueError("context_tokens must exceed max_new_tokens")
+        if self.rescue != "none" and self.algorithm != "grpo":
+            raise ValueError(f"rescue {self.rescue!r} replaces GRPO groups: it needs algorithm 'grpo', not "
+                             f"{self.algorithm!r}; set rescue: none for PPO")
+        kind, _, radius = self.siblings.partition(":")
+        if kind != "space" or (radius and not (radius.isdigit() and int(radius) >= 1)):
+            raise ValueError(f"siblings must be 'space' or 'space:R' with R >= 1, got {self.siblings!r}")
         return self
 
 

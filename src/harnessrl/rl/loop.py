@@ -33,9 +33,11 @@ from harnessrl.harness.harness import Harness, HarnessLimits, out_of_space_names
 from harnessrl.harness.registry import default_space
 from harnessrl.pairing import PairingSchedule
 from harnessrl.policy.base import SamplingParams
+from harnessrl.rescue.groups import GroupInfo, signal_metrics
 from harnessrl.rl.advantages import gae, grpo_advantages, no_signal_fraction
 from harnessrl.rl.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
 from harnessrl.rl.config import TrainConfig
+from harnessrl.rl.rescue import Rescue, task_info
 from harnessrl.rl.sft import oracle_demonstrations, sft_samples
 from harnessrl.rl.update import UpdateSample, compute_values, update_step
 from harnessrl.rollout.engine import RolloutEngine, RolloutJob
@@ -221,6 +223,26 @@ class Trainer:
         )
         self.harnesses: dict[str, Harness] = {}
         self._pairs: list[list[str]] = []
+        self._groups: list[GroupInfo] = []
+        self.rescue: Rescue | None = None
+        if cfg.rescue != "none":
+            self.rescue = Rescue(
+                cfg, self.design.codes, self.validation_tasks(), self.harness,
+                lambda step, index: rollout_seed(cfg.seed, step, index), log=log,
+            )
+            if "rescue" in self.state:
+                self.rescue.load_state_dict(self.state["rescue"])
+
+    def validation_tasks(self) -> list[Task]:
+        """Returns the paired validation tasks of rescue routing: train-split tasks the run does
+        not train on (its training tasks when the split has no others)."""
+        wanted = self.cfg.rescue_validation_tasks
+        pool = select_tasks(self.cfg, self.cfg.train_split, len(self.train_tasks) + wanted)
+        apart = [t for t in pool if t.id not in self.task_by_id][:wanted]
+        if len(apart) < wanted:
+            self.log(f"rescue: only {len(apart)} train tasks outside training; validating on training tasks too")
+            apart += [t for t in self.train_tasks if t not in apart][: wanted - len(apart)]
+        return apart
 
     def sync_rollout_weights(self) -> None:
         """Copies the master weights into the rollout copy (when they are two models) and drops
@@ -284,28 +306,49 @@ class Trainer:
         jobs: list[RolloutJob] = []
         pairs = self.schedule.step(step)
         self._pairs = [[p.task, p.config.code] for p in pairs]
+        self._groups = []
         for group, pair in enumerate(pairs):
-            for member in range(self.cfg.group_size):
+            code = pair.config.code
+            self._groups.append(GroupInfo(group, task_info(self.task_by_id[pair.task]), code))
+            members = [code] * self.cfg.group_size
+            if self.rescue is not None and self.cfg.rescue == "mixture":
+                members = self.rescue.mixture(code, seed=rollout_seed(self.cfg.seed, step, group))
+            for member, harness in enumerate(members):
                 index = group * self.cfg.group_size + member
                 jobs.append(
                     RolloutJob(
-                        self.task_by_id[pair.task], self.harness(pair.config.code),
+                        self.task_by_id[pair.task], self.harness(harness),
                         seed=rollout_seed(self.cfg.seed, step, index),
                         tags={"group": group, "slot": pair.slot},
                     )
                 )
-        engine = RolloutEngine(
+        trajectories, stats = self.engine().run(jobs)
+        return trajectories, [job.tags["group"] for job in jobs], stats
+
+    def engine(self) -> RolloutEngine:
+        """Returns a rollout engine over the current policy with the training sampling."""
+        return RolloutEngine(
             self.policy, max_concurrent=self.cfg.max_concurrent, env_workers=self.cfg.env_workers,
             sampling=SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                                     max_new_tokens=self.cfg.max_new_tokens),
             backend=self.cfg.sandbox_backend, progress=sys.stderr.isatty(),
         )
-        trajectories, stats = engine.run(jobs)
-        return trajectories, [job.tags["group"] for job in jobs], stats
+
+    def run_jobs(self, jobs: list[RolloutJob]) -> list[Any]:
+        """Runs jobs under the training sampling; returns their trajectories in order."""
+        return self.engine().run(jobs)[0]
 
     def rl_step(self, step: int) -> dict[str, Any]:
         t0 = time.perf_counter()
+        extra: dict[str, Any] = {}
+        if self.rescue is not None and self.rescue.needs_anchor(step):
+            extra["rescue_anchor"] = self.rescue.anchor(step, self.run_jobs)
         trajectories, groups, stats = self.rollouts(step)
+        if self.rescue is not None:
+            trajectories, groups, rescue_metrics = self.rescue.rescue(
+                step, trajectories, groups, self._groups, self.run_jobs, self.task_by_id.__getitem__
+            )
+            extra.update({f"rescue/{k}": v for k, v in rescue_metrics.items()})
         rewards = [t.reward for t in trajectories]
         if self.cfg.algorithm == "ppo":
             samples = self.ppo_samples(trajectories)
@@ -329,6 +372,7 @@ class Trainer:
             "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
             "pass_rate": float(np.mean([t.passed for t in trajectories])) if trajectories else 0.0,
             "no_signal_fraction": no_signal_fraction(rewards, groups),
+            **signal_metrics(trajectories, groups, grpo_advantages(rewards, groups, scale_std=self.cfg.scale_std)),
             "episodes": len(trajectories),
             "errored": stats.errored,
             "trained_samples": len(samples),
@@ -339,6 +383,7 @@ class Trainer:
             "update_time_s": round(time.perf_counter() - t1, 2),
             "tokens_generated": stats.tokens_generated,
             **{f"update/{k}": v for k, v in update.items()},
+            **extra,
         }
 
     def grpo_samples(self, trajectories: list[Any], rewards: list[float], groups: list[int]) -> list[UpdateSample]:
@@ -453,6 +498,8 @@ class Trainer:
             handle.write(json.dumps(record) + "\n")
 
     def checkpoint(self, step: int) -> None:
+        if self.rescue is not None:
+            self.state["rescue"] = self.rescue.state_dict()
         tokenizer = getattr(self.policy, "hf_tokenizer", None)
         extra = {"value_head": self.value_head} if self.value_head is not None else None
         save_checkpoint(self.run_dir, step, self.model, tokenizer, self.optimizer, self.scheduler, self.state,
@@ -481,6 +528,11 @@ class Trainer:
             self.write_metrics(record)
             if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
                 self.checkpoint(step + 1)
+        if self.rescue is not None and self.rescue.anchors and self.state.get("final_anchor_step") != cfg.steps:
+            # Once more after training: the final policy's routing evidence (and its margins).
+            self.state["final_anchor"] = self.rescue.anchor(cfg.steps, self.run_jobs)
+            self.state["final_anchor_step"] = cfg.steps
+            self.checkpoint(cfg.steps)
         final = self.state.get("final_eval")
         if final is None or self.state.get("final_eval_step") != cfg.steps:
             final = self.evaluate("final")

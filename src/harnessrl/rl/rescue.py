@@ -1,0 +1,166 @@
+"""Harness-S in the trainer: each group's siblings, the router, paired validation, the rescue pass.
+
+The loop per step (Harness-S Algorithm 1, online part), for ``rescue: siblings``:
+
+    anchor:  at step 0 and every ``reanchor_every`` updates: freeze the policy, roll it out
+             once per (harness, validation task) under every group harness and its siblings,
+             and hand the outcomes to the router (``ValidationRecord``); once more at the end
+    rollout: G rollouts per (task, H0) pair, as in plain GRPO
+    rescue:  every group that failed entirely -> the router picks K siblings of its H0 -> one
+             rollout each from the task's initial state -> the rescue group replaces it
+    update:  group-relative advantages over the (possibly rescued) groups, the clipped loss on
+             policy tokens of each trajectory in its own context
+
+``rescue: h0`` resamples a dead group K times under its own harness; ``mixture`` mixes
+siblings into every group from the start (``mixture_harnesses``). A group's H0 is its own
+configuration, so this composes with Harness Scaling's design and pairing: siblings are the
+configuration's neighbours in the space (``siblings: space`` / ``space:R``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from harnessrl.harness.registry import default_space
+from harnessrl.rescue.groups import (
+    GroupInfo,
+    RescueStats,
+    apply_rescue,
+    dead_groups,
+    mixture_harnesses,
+    plan_rescue,
+)
+from harnessrl.rescue.router import (
+    RandomRouter,
+    Router,
+    TaskInfo,
+    ValidationRecord,
+    ValidationRouter,
+)
+from harnessrl.rl.config import TrainConfig
+from harnessrl.rollout.engine import RolloutJob
+from harnessrl.tasks.model import Task
+from harnessrl.trajectory import Trajectory
+
+RunJobs = Callable[[list[RolloutJob]], list[Trajectory]]
+HarnessOf = Callable[[str], Any]  # name -> Harness
+
+
+def task_info(task: Task) -> TaskInfo:
+    """Returns what a router may know of a task before it runs."""
+    return TaskInfo(task.id, family=task.family, instruction=task.instruction)
+
+
+class Rescue:
+    """The Harness-S part of a run: built from the config, stepped by the trainer, checkpointed."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        group_harnesses: Sequence[str],
+        validation_tasks: Sequence[Task],
+        harness_of: HarnessOf,
+        seed_of: Callable[[int, int], int],
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.cfg = cfg
+        self.group_harnesses = list(dict.fromkeys(group_harnesses))
+        self.validation_tasks = list(validation_tasks)
+        self.harness_of, self.seed_of, self.log = harness_of, seed_of, log
+        _, _, radius = cfg.siblings.partition(":")
+        self.radius = int(radius) if radius else 1
+        self._siblings: dict[str, list[str]] = {}
+        self.router: Router = (
+            ValidationRouter(per_family=cfg.router_per_family, track=self.group_harnesses)
+            if cfg.router == "validation" else RandomRouter()
+        )
+        self.last_anchor: int | None = None
+
+    # -- siblings ------------------------------------------------------------------------------
+    def siblings_of(self, h0: str) -> list[str]:
+        """Returns the sibling names of a group harness: its neighbours in the space."""
+        if h0 not in self._siblings:
+            space = default_space()
+            self._siblings[h0] = [c.code for c in space.neighbours(space.parse(h0), self.radius)]
+        return self._siblings[h0]
+
+    def mixture(self, h0: str, seed: int) -> list[str]:
+        """Returns the harness of each rollout of a group under ``rescue: mixture``."""
+        return mixture_harnesses(h0, self.siblings_of(h0), self.cfg.group_size, self.cfg.mixture_fraction, seed)
+
+    # -- paired validation (anchoring) -----------------------------------------------------------
+    @property
+    def anchors(self) -> bool:
+        """True when the router runs on paired validation evidence (sibling rescue, validation routing)."""
+        return isinstance(self.router, ValidationRouter) and self.cfg.rescue == "siblings"
+
+    def needs_anchor(self, step: int) -> bool:
+        """True when the router's evidence is due: before the first update, then every
+        ``reanchor_every`` updates."""
+        if not self.anchors:
+            return False
+        if self.last_anchor is None:
+            return True
+        every = self.cfg.reanchor_every
+        return bool(every) and step >= self.last_anchor + every
+
+    def validation_harnesses(self) -> list[str]:
+        """Returns every harness the paired validation runs: the group harnesses and their siblings."""
+        names = list(self.group_harnesses)
+        for h0 in self.group_harnesses:
+            names += self.siblings_of(h0)
+        return list(dict.fromkeys(names))
+
+    def anchor(self, step: int, run_jobs: RunJobs) -> dict[str, Any]:
+        """Runs the paired validation with the current policy and re-anchors the router;
+        returns a summary (episodes, per-harness success, margins over each group harness)."""
+        assert isinstance(self.router, ValidationRouter)
+        names = self.validation_harnesses()
+        jobs = [
+            RolloutJob(task, self.harness_of(name), seed=self.seed_of(step, 10_000_000 + i),
+                       tags={"anchor": step, "harness": name})
+            for i, (name, task) in enumerate((n, t) for n in names for t in self.validation_tasks)
+        ]
+        self.log(f"rescue: paired validation at step {step}: {len(names)} harnesses x "
+                 f"{len(self.validation_tasks)} tasks")
+        trajectories = run_jobs(jobs)
+        record = ValidationRecord(families={t.id: t.family for t in self.validation_tasks}, step=step)
+        for job, trajectory in zip(jobs, trajectories, strict=True):
+            record.outcomes.setdefault(job.tags["harness"], {})[job.task.id] = bool(trajectory.passed)
+        self.router.anchor(record)
+        self.last_anchor = step
+        success = {name: sum(o.values()) / len(o) for name, o in record.outcomes.items() if o}
+        return {"step": step, "episodes": len(jobs), "success": success, "margins": self.router.history[-1]["margins"]}
+
+    # -- the rescue pass -----------------------------------------------------------------------
+    def rescue(
+        self, step: int, trajectories: list[Trajectory], groups: list[int], infos: Sequence[GroupInfo],
+        run_jobs: RunJobs, task_of: Callable[[str], Task],
+    ) -> tuple[list[Trajectory], list[int], dict[str, Any]]:
+        """Replaces the step's dead groups by rescue groups (mode ``siblings`` or ``h0``);
+        returns the new trajectories, their group keys, and the step's rescue metrics."""
+        stats = RescueStats(groups=len(infos), base_rollouts=len(trajectories))
+        dead_keys = set(dead_groups(trajectories, groups))
+        dead = [info for info in infos if info.group in dead_keys]
+        stats.dead = len(dead)
+        mode = self.cfg.rescue if self.cfg.rescue in ("siblings", "h0") else "none"
+        runs = plan_rescue(mode, dead, self.cfg.rescue_k, self.router, self.siblings_of, seed=self.cfg.seed + step)
+        if not runs:
+            return trajectories, groups, stats.metrics()
+        jobs = [
+            RolloutJob(task_of(info.task.task_id), self.harness_of(run.harness),
+                       seed=self.seed_of(step, len(trajectories) + i), tags={"group": run.group, "rescue": run.harness})
+            for i, (run, info) in enumerate((r, next(x for x in dead if x.group == r.group)) for r in runs)
+        ]
+        rescued = run_jobs(jobs)
+        new_trajectories, new_groups = apply_rescue(trajectories, groups, runs, rescued, stats)
+        return new_trajectories, new_groups, stats.metrics()
+
+    # -- checkpointing -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"router": self.router.state_dict(), "last_anchor": self.last_anchor}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.router.load_state_dict(state.get("router", {}))
+        self.last_anchor = state.get("last_anchor")

@@ -22,6 +22,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def sandbox():
+    """A fresh sandbox of the default backend (the tool-interface tests run their calls in it);
+    a test module with a ``sandbox`` fixture of its own uses that one instead."""
+    from harnessrl.sandbox import open_sandbox
+
+    with open_sandbox() as box:
+        yield box
+
+
 def save_tiny_model(tmp_path_factory, name: str = "tiny", **overrides):
     """Saves a randomly initialised 2-layer model with SmolLM2's architecture and tokenizer
     (config fields in ``overrides`` replace the defaults) and returns its folder."""

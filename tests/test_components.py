@@ -14,6 +14,7 @@ from harnessrl.harness.base import (
 )
 from harnessrl.harness.context import Compaction, FullHistory, ObservationWindow
 from harnessrl.harness.observation import (
+    CodexHeaderObservation,
     RawObservation,
     ReturnCodeObservation,
     StructuredObservation,
@@ -48,6 +49,17 @@ def test_error_observations_follow_each_style():
     assert RawObservation().format_error("bad") == "bad"
     assert ReturnCodeObservation().format_error("bad", "tool").startswith('<error kind="tool">')
     assert json.loads(StructuredObservation().format_error("bad"))["error"]["message"] == "bad"
+
+
+def test_codex_header_observation_shows_exit_code_time_and_cut_output():
+    obs = CodexHeaderObservation()
+    text = obs.format(ToolOutput(tool="exec_command", output="hello\n", stderr="warn\n", exit_code=2, duration_s=0.123))
+    assert text == "Exit code: 2\nWall time: 0.1 seconds\nOutput:\nhello\nwarn\n"
+    long = obs.format(ToolOutput(tool="x", output="".join(f"l{i}\n" for i in range(1000)), exit_code=0))
+    assert "Total output lines: 1001" in long and "[... omitted 745 of 1001 lines ...]" in long
+    assert "l0\n" in long and "l999" in long and "l500\n" not in long
+    assert obs.format(ToolOutput(tool="x", output="no such file", is_error=True)).startswith("Exit code: 1\n")
+    assert obs.format_error("bad call", "tool") == "tool error: bad call"
 
 
 def history(n_obs):

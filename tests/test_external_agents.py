@@ -29,8 +29,9 @@ from harnessrl.external.install import (
     resolve_entry,
 )
 from harnessrl.external.run import AgentServer, ExternalConfig, evaluate_external
+from harnessrl.harness.tools.tool_call import parse_completion
 from harnessrl.policy.base import GenerationRequest, SamplingParams
-from harnessrl.serve.context import ServeContext, parse_completion
+from harnessrl.serve.context import ServeContext
 from harnessrl.tasks.model import Action, Task
 from harnessrl.tasks.suite import load_suite
 from harnessrl.tasks.verify import AnswerEquals, FileContains

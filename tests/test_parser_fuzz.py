@@ -10,15 +10,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from harnessrl.harness.base import ParsedOutput, ToolCall, ToolOutput
-from harnessrl.harness.out_of_space import AiderEditBlockTools, CodexExecTools
-from harnessrl.harness.tools import (
-    INTERNAL_ERROR,
-    SUBMIT_MARKER,
-    FineGrainedTaggedTools,
-    SchemaToolInterface,
-    ShellBlockTools,
-    ShellEditorJsonTools,
-)
+from harnessrl.harness.tools.aider import AiderEditBlockTools
+from harnessrl.harness.tools.codex import CodexExecTools
+from harnessrl.harness.tools.editor_json import ShellEditorJsonTools
+from harnessrl.harness.tools.schema import INTERNAL_ERROR, SchemaToolInterface
+from harnessrl.harness.tools.shell_block import SUBMIT_MARKER, ShellBlockTools
+from harnessrl.harness.tools.tagged import FineGrainedTaggedTools
 from harnessrl.sandbox import Sandbox, SandboxLimits, open_sandbox
 
 INTERFACES: list[type[SchemaToolInterface]] = [

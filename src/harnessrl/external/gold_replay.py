@@ -156,7 +156,7 @@ class GoldReplayPolicy(Policy):
     @staticmethod
     def _tool_reply(tools: list[Mapping[str, Any]], messages: Sequence[Mapping[str, Any]],
                     actions: list[Action], answer: str) -> tuple[str, str | None]:
-        from harnessrl.serve.context import tool_call_text
+        from harnessrl.harness.tools.tool_call import tool_call_text
 
         tool = _shell_tool(tools)
         if tool is None:

@@ -197,10 +197,6 @@ class ToolInterface(Component):
     def render(self, action: Action, thought: str = "") -> str:
         """Returns policy text in this syntax that performs the abstract ``action``."""
 
-    def stop_sequences(self) -> list[str]:
-        """Returns text after which generation may stop (the end of one action)."""
-        return []
-
 
 class ObservationFormat(Component):
     """Factor O: how tool output and error notices are shown to the policy."""

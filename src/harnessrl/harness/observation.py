@@ -3,6 +3,9 @@
 O0 raw: the output as is. O1 return code plus output, head and tail kept with an elision
 marker past a limit (mini-swe-agent, Terminus). O2 a structured JSON record with return code,
 stdout, stderr, truncation flag and wall time.
+
+Outside the space: ``codex_header`` (Codex CLI), an ``Exit code`` / ``Wall time`` / ``Output``
+header with long output cut to its head and tail lines.
 """
 
 from __future__ import annotations
@@ -102,3 +105,48 @@ class StructuredObservation(ObservationFormat):
 
     def format_error(self, message: str, kind: str = "format") -> str:
         return json.dumps({"error": {"kind": kind, "message": message}}, ensure_ascii=False)
+
+
+# ---- outside the space ----------------------------------------------------------------
+
+CODEX_HEAD_LINES = 128  # lines kept at each end of a long output
+CODEX_MAX_CHARS = 10000
+CODEX_OMITTED = "[... omitted {omitted} of {total} lines ...]"
+
+
+@register
+class CodexHeaderObservation(ObservationFormat):
+    """Codex CLI: ``Exit code`` / ``Wall time`` / (``Total output lines``) / ``Output`` header."""
+
+    out_of_space = True
+    name = "codex_header"
+    description = "Exit code / Wall time / Output header, long output cut to head and tail lines (Codex CLI)"
+
+    def format(self, output: ToolOutput) -> str:
+        """Returns the header block and the (head and tail of the) output."""
+        code = output.exit_code if output.exit_code is not None else (1 if output.is_error else 0)
+        text = output.output
+        if output.stderr:
+            text = (text.rstrip("\n") + "\n" if text else "") + output.stderr
+        if output.timed_out:
+            text = f"command timed out after {round(output.duration_s * 1000)} milliseconds\n{text}"
+        lines = text.split("\n")
+        total = len(lines)
+        sections = [f"Exit code: {code}", f"Wall time: {output.duration_s:.1f} seconds"]
+        if total > 2 * CODEX_HEAD_LINES:
+            omitted = total - 2 * CODEX_HEAD_LINES
+            lines = [*lines[:CODEX_HEAD_LINES], CODEX_OMITTED.format(omitted=omitted, total=total),
+                     *lines[-CODEX_HEAD_LINES:]]
+            sections.append(f"Total output lines: {total}")
+        body = "\n".join(lines)
+        if len(body) > CODEX_MAX_CHARS:
+            half = CODEX_MAX_CHARS // 2
+            body = f"{body[:half]}\n[... omitted {len(body) - CODEX_MAX_CHARS} characters ...]\n{body[-half:]}"
+            if len(sections) == 2:
+                sections.append(f"Total output lines: {total}")
+        sections += ["Output:", body]
+        return "\n".join(sections)
+
+    def format_error(self, message: str, kind: str = "format") -> str:
+        """Returns the error as Codex reports a call it could not run: plain text."""
+        return f"{kind} error: {message}"

@@ -1,21 +1,12 @@
-"""What a policy sees of an API request (``ServeContext``) and the tool-call text format.
+"""What a policy sees of an API request (``ServeContext``) and how its tools and tool calls
+are written as text.
 
-Tool-call text format (Hermes / Qwen style, the format of harness T2). The client's tools
-are rendered into the system prompt (``tools_system_text``) as one JSON line per tool
-(``{"type": "function", "function": {"name", "description", "parameters"}}``) between
-``<tools></tools>`` tags, with the instruction to call them as::
-
-    Some optional text first.
-    <tool_call>
-    {"name": "get_weather", "arguments": {"city": "Paris"}}
-    </tool_call>
-
-A completion may hold several ``<tool_call>`` blocks; each body is a JSON object with a
-``name`` (string) and ``arguments`` (an object, or a string holding a JSON object). The
-server parses completions with ``parse_completion``: every well-formed block becomes a
+The text format is the ``<tool_call>`` syntax of harness T2 (``harness/tools/tool_call.py``):
+the client's tools are listed in the system prompt (``tools_system_text``), and the server
+reads completions with that module's ``parse_completion``: every well-formed block becomes a
 tool call of the API's shape (``tool_calls``, ``tool_use`` blocks, ``function_call`` items),
-and the text outside the blocks, stripped, is the message's text. A block that does not
-parse stays in the text. Earlier assistant tool calls are rendered back the same way
+and the text outside the blocks, stripped, is the message's text; a block that does not parse
+stays in the text. Earlier assistant tool calls are rendered back the same way
 (``render_assistant_text``), and tool results are rendered as a user turn holding
 ``<tool_response>\\n...\\n</tool_response>`` per result, as Qwen's chat template does.
 
@@ -32,16 +23,13 @@ Normalized tools are ``{"name", "description", "parameters"}`` (a JSON schema).
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from harnessrl.harness.tools import HERMES_TOOL_USE, call_from_json, tag_safe_json
+from harnessrl.harness.base import ToolSpec
+from harnessrl.harness.tools.tool_call import tool_call_text, tools_instructions
 
 API_CHAT, API_RESPONSES, API_MESSAGES = "chat", "responses", "messages"
-
-_TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 
 
 @dataclass
@@ -67,26 +55,8 @@ class ServeContext:
 
 def tools_system_text(tools: list[dict[str, Any]]) -> str:
     """Returns the system-prompt section that lists ``tools`` (normalized) and the call syntax."""
-    lines = [
-        json.dumps(
-            {
-                "type": "function",
-                "function": {
-                    "name": tool["name"],
-                    "description": tool.get("description", ""),
-                    "parameters": tool.get("parameters", {}),
-                },
-            },
-            ensure_ascii=False,
-        )
-        for tool in tools
-    ]
-    return HERMES_TOOL_USE.format(tools="\n".join(lines))
-
-
-def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
-    """Returns one ``<tool_call>`` block calling ``name`` with ``arguments``."""
-    return f"<tool_call>\n{tag_safe_json({'name': name, 'arguments': arguments})}\n</tool_call>"
+    specs = [ToolSpec(tool["name"], tool.get("description", ""), tool.get("parameters", {})) for tool in tools]
+    return tools_instructions(specs)
 
 
 def render_assistant_text(message: dict[str, Any]) -> str:
@@ -94,24 +64,3 @@ def render_assistant_text(message: dict[str, Any]) -> str:
     parts = [message.get("content") or ""]
     parts += [tool_call_text(call["name"], call["arguments"]) for call in message.get("tool_calls") or ()]
     return "\n".join(part for part in parts if part)
-
-
-def parse_completion(text: str) -> tuple[str, list[dict[str, Any]]]:
-    """Returns the text outside well-formed ``<tool_call>`` blocks (stripped) and the calls,
-    each ``{"name": str, "arguments": dict}``, in order."""
-    calls: list[dict[str, Any]] = []
-    kept: list[str] = []
-    position = 0
-    for match in _TOOL_CALL_BLOCK.finditer(text):
-        try:
-            call = call_from_json(json.loads(match.group(1)))
-        except (ValueError, RecursionError):
-            call = "not JSON"
-        if isinstance(call, str):  # malformed: leave it in the text for the client to see
-            continue
-        kept.append(text[position : match.start()])
-        position = match.end()
-        calls.append({"name": call.name, "arguments": call.arguments})
-    kept.append(text[position:])
-    content = "".join(kept) if calls else text
-    return content.strip(), calls

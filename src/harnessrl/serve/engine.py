@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from harnessrl.harness.chat import RenderedPrompt
+from harnessrl.harness.tools.tool_call import parse_completion
 from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
-from harnessrl.serve.context import ServeContext, parse_completion
+from harnessrl.serve.context import ServeContext
 from harnessrl.serve.prompt import PromptRenderer
 from harnessrl.serve.recorder import ConversationRecorder
 

@@ -1,11 +1,14 @@
 """The experiment suite: training arms under one matched budget, evaluated the same way, compared.
 
 An experiment file (YAML) names a ``base`` training config shared by every arm, the
-``seeds``, one ``eval`` protocol, and the ``arms``. An arm may change only what the paper's
+``seeds``, one ``eval`` protocol, and the ``arms``. An arm may change only what the papers'
 ablations change: the design (single / first-order / orthogonal / random / full), the
-pairing strategy and K. Everything that sets the budget (optimizer steps, tasks and rollouts
-per step, turns, warm start) comes from ``base``, so every arm gets the same budget by
-construction. Each (arm, seed) is a training run via ``rl/loop.py`` in
+pairing strategy and K (Harness Scaling), and the rescue of dead groups, its K, the sibling
+source and the router (Harness-S). Everything that sets the budget (optimizer steps, tasks
+and rollouts per step, turns, warm start) comes from ``base``, so every arm gets the same
+budget in optimizer steps by construction; rescue adds executor rollouts, which the
+comparison counts per arm (and ``--dry-run`` bounds) so that arms are compared at stated
+rollout costs. Each (arm, seed) is a training run via ``rl/loop.py`` in
 ``DIR/arms/<arm>-seed<seed>/``, followed by the shared evaluation; a marker
 ``arm_result.json`` is written atomically after it, so a re-run skips finished arms and a
 killed suite resumes (a half-trained arm continues from its last checkpoint).
@@ -31,7 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from harnessrl.rl.config import TrainConfig, load_config
 
 Logger = Callable[[str], None]
-ARM_FIELDS = ("design", "design_n", "base_harness", "pairing", "k")
+ARM_FIELDS = ("design", "design_n", "base_harness", "pairing", "k",
+              "rescue", "rescue_k", "siblings", "router", "router_per_family", "mixture_fraction")
 # Set by the experiment for every arm; a base config must not set them.
 MANAGED_FIELDS = ("run_dir", "seed", "eval_held_out", "eval_out_of_space", "eval_base", "eval_every")
 MARKER = "arm_result.json"
@@ -49,6 +53,13 @@ class ArmSpec(BaseModel):
     base_harness: str | None = Field(None, description="H0 for single / first-order designs")
     pairing: Literal["neighbour", "repeat", "random"] | None = Field(None, description="pairing strategy")
     k: int | None = Field(None, ge=1, description="configurations per task (paper: 2)")
+    rescue: Literal["none", "siblings", "h0", "mixture"] | None = Field(
+        None, description="Harness-S: what replaces an all-fail group (see TrainConfig.rescue)")
+    rescue_k: int | None = Field(None, ge=1, description="rollouts of a rescue group (paper: 8)")
+    siblings: str | None = Field(None, description="sibling source: space or space:R (see TrainConfig.siblings)")
+    router: Literal["validation", "random"] | None = Field(None, description="sibling router")
+    router_per_family: bool | None = Field(None, description="validation routing per task family")
+    mixture_fraction: float | None = Field(None, ge=0.0, le=1.0, description="sibling share for rescue: mixture")
 
 
 class EvalSpec(BaseModel):
@@ -177,6 +188,47 @@ def budget(cfg: TrainConfig) -> dict[str, Any]:
     return {name: getattr(cfg, name) for name in BUDGET_FIELDS}
 
 
+def executor_rollouts_bound(cfg: TrainConfig) -> dict[str, int]:
+    """Returns an arm's executor rollouts before it runs: the first pass (steps x tasks x G, as
+    plain GRPO), the most rescue can add (K per group, when every group dies), and the paired
+    validation of sibling rescue with validation routing (harnesses x tasks per anchor)."""
+    first_pass = cfg.steps * cfg.tasks_per_step * cfg.group_size
+    rescue_max = cfg.steps * cfg.tasks_per_step * cfg.rescue_k if cfg.rescue in ("siblings", "h0") else 0
+    validation = 0
+    if cfg.rescue == "siblings" and cfg.router == "validation":
+        from harnessrl.design import make_design
+        from harnessrl.harness.registry import default_space
+
+        space = default_space()
+        design = make_design(space, cfg.design, n=cfg.design_n, seed=cfg.seed, base=cfg.base_harness)
+        radius = int(cfg.siblings.partition(":")[2] or 1)
+        harnesses = set(design.codes)
+        for config in design.configs:
+            harnesses |= {c.code for c in space.neighbours(config, radius)}
+        anchors = 1 + (cfg.steps // cfg.reanchor_every if cfg.reanchor_every else 0)
+        validation = anchors * len(harnesses) * cfg.rescue_validation_tasks
+    return {"first_pass": first_pass, "rescue_at_most": rescue_max, "validation": validation}
+
+
+def executor_rollouts(run_dir: Path) -> dict[str, Any]:
+    """Returns the executor rollouts an arm spent, from its metrics: training (first pass and
+    rescue) and paired validation, and the training rollouts relative to plain GRPO's first pass."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+               if line.strip()] if (run_dir / "metrics.jsonl").exists() else []
+    rescue = sum(int(r.get("rescue/rescue_rollouts", 0)) for r in records)
+    first = sum(int(r.get("episodes", 0)) for r in records) - rescue
+    validation = sum(int(r.get("rescue_anchor", {}).get("episodes", 0)) for r in records)
+    state = run_dir / "checkpoints"
+    finals = sorted(state.glob("step-*/trainer_state.json")) if state.exists() else []
+    if finals:
+        validation += int(json.loads(finals[-1].read_text(encoding="utf-8")).get("final_anchor", {}).get("episodes", 0))
+    ratios = {key: float(np.mean([r[key] for r in records if key in r])) if any(key in r for r in records) else None
+              for key in ("valid_group_ratio", "effective_token_ratio", "rescue/rescue_success_rate",
+                          "rescue/rescue_trigger_rate")}
+    return {"first_pass": first, "rescue": rescue, "validation": validation,
+            "vs_grpo": (first + rescue) / first if first else None, **{k.split("/")[-1]: v for k, v in ratios.items()}}
+
+
 def _write_atomic(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
@@ -222,7 +274,8 @@ def run_experiment(spec: ExperimentSpec, out_dir: str | Path, log: Logger = prin
                     )
                 log(f"[{run_id}] finished earlier: skipped")
                 continue
-            log(f"[{run_id}] training: design {cfg.design}, pairing {cfg.pairing}, K={cfg.k}, {cfg.steps} steps")
+            log(f"[{run_id}] training: design {cfg.design}, pairing {cfg.pairing}, K={cfg.k}, rescue {cfg.rescue}, "
+                f"{cfg.steps} steps")
             started = time.time()
             trainer = Trainer(cfg, resume=True, log=lambda m, r=run_id: log(f"[{r}] {m}"))
             trainer.run()
@@ -237,7 +290,7 @@ def run_experiment(spec: ExperimentSpec, out_dir: str | Path, log: Logger = prin
             results = result.to_dict()
             _write_atomic(marker, {
                 "arm": arm.model_dump(), "seed": seed, "config": cfg.model_dump(), "eval": spec.eval.model_dump(),
-                "train_configs": trainer.design.codes, "results": results,
+                "train_configs": trainer.design.codes, "results": results, "rollouts": executor_rollouts(run_dir),
                 "wall_time_s": round(time.time() - started, 1), "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
             })
             in_space = results["per_group"].get("in_space", {}).get("pass_at_1")
@@ -280,7 +333,13 @@ def compare(out_dir: str | Path) -> dict[str, Any]:
         row: dict[str, Any] = {"arm": arm["name"], "description": arm.get("description", ""),
                                "design": markers[0]["config"]["design"], "train_configs": len(markers[0]["train_configs"]),
                                "pairing": markers[0]["config"]["pairing"], "k": markers[0]["config"]["k"],
+                               "rescue": markers[0]["config"].get("rescue", "none"),
+                               "router": markers[0]["config"].get("router"),
                                "seeds": [m["seed"] for m in markers]}
+        spent = [m.get("rollouts") or {} for m in markers]
+        row["rollouts"] = {key: _mean([s.get(key) for s in spent]) for key in
+                           ("first_pass", "rescue", "validation", "vs_grpo", "valid_group_ratio",
+                            "effective_token_ratio", "rescue_success_rate", "rescue_trigger_rate")}
         pooled = []
         for m in markers:
             path = out / "arms" / f"{arm['name']}-seed{m['seed']}" / "eval" / "experiment.jsonl"
@@ -291,6 +350,10 @@ def compare(out_dir: str | Path) -> dict[str, Any]:
             row[group] = float(np.mean(values)) if values else None
             row[f"{group}_seed_std"] = float(np.std(values)) if len(values) > 1 else None
             row[f"{group}_ci"] = pooled_scores["per_group"].get(group, {}).get("pass_at_1_ci")
+        # The training configurations themselves (H0 for a single-harness design): Pass@k and
+        # Avg@k under them, Harness-S's protocol (Pass@3 / Avg@3 under H0).
+        train_scores = pooled_scores["per_group"].get("train", {})
+        row["train_pass_at_k"], row["train_avg_at_k"] = train_scores.get("pass_at_k"), train_scores.get("avg_at_k")
         parts = [row[g] for g in ("in_space", "out_of_space") if row[g] is not None]
         row["overall"] = float(np.mean(parts)) if parts else None
         row["overall_ci"] = list(bootstrap_ci_mean_of_means(
@@ -315,6 +378,11 @@ def compare(out_dir: str | Path) -> dict[str, Any]:
     return result
 
 
+def _mean(values: list[Any]) -> float | None:
+    present = [float(v) for v in values if v is not None]
+    return float(np.mean(present)) if present else None
+
+
 def unit_scores(trajectories: list[Any], groups: dict[str, str], group: str) -> list[float]:
     """Returns the Pass@1 of each (task, harness) unit of one group (the mean over its runs)."""
     units: dict[tuple[str, str], list[bool]] = {}
@@ -333,6 +401,18 @@ def comparison_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]
     rows = [[r["arm"], f"{r['design']} ({r['train_configs']})", f"{r['pairing']}, K={r['k']}", len(r["seeds"]),
              pct(r["in_space"]), pct_ci(r["in_space_ci"]), pct(r["out_of_space"]), pct_ci(r["out_of_space_ci"]),
              pct(r["overall"]), pct_ci(r.get("overall_ci")), signed(r["gain_in_space"]), signed(r["gain_overall"])] for r in result["arms"]]
+    if any(r.get("rescue", "none") != "none" for r in result["arms"]):
+        # Harness-S's columns: the signal rescue restores and what it costs in executor rollouts.
+        k = result["eval"]["k"]
+        headers += ["rescue (router)", f"train configs Pass@{k}", f"Avg@{k}", "valid groups", "effective tokens",
+                    "rescue success", "rollouts vs GRPO", "validation rollouts"]
+        for row, r in zip(rows, result["arms"], strict=True):
+            spent = r.get("rollouts") or {}
+            row += [f"{r.get('rescue', 'none')}" + (f" ({r['router']})" if r.get("rescue") == "siblings" else ""),
+                    pct(r.get("train_pass_at_k")), pct(r.get("train_avg_at_k")), pct(spent.get("valid_group_ratio")),
+                    pct(spent.get("effective_token_ratio")), pct(spent.get("rescue_success_rate")),
+                    f"{100 * spent['vs_grpo']:.0f}%" if spent.get("vs_grpo") else "-",
+                    f"{spent['validation']:.0f}" if spent.get("validation") is not None else "-"]
     return headers, rows
 
 

@@ -30,6 +30,7 @@ def run_experiment_cli(args: argparse.Namespace) -> int:
         arm_id,
         budget,
         comparison_markdown,
+        executor_rollouts_bound,
         load_experiment,
         run_experiment,
     )
@@ -42,8 +43,11 @@ def run_experiment_cli(args: argparse.Namespace) -> int:
         print(f"budget per arm: {budget(first)}")
         for arm in spec.arms:
             cfg = arm_config(spec, arm, spec.seeds[0], out)
+            bound = executor_rollouts_bound(cfg)
+            rescue = f"rescue {cfg.rescue}" + (f" ({cfg.router}, K={cfg.rescue_k})" if cfg.rescue == "siblings" else "")
             print(f"  {arm_id(arm, spec.seeds[0]).rsplit('-seed', 1)[0]:<22} design {cfg.design:<12} "
-                  f"pairing {cfg.pairing:<10} K={cfg.k}")
+                  f"pairing {cfg.pairing:<10} K={cfg.k}  {rescue}; executor rollouts: {bound['first_pass']} first "
+                  f"pass + at most {bound['rescue_at_most']} rescue + {bound['validation']} paired validation")
         return 0
 
     def log(message: str) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class TrainConfig(BaseModel):
@@ -173,16 +173,12 @@ class TrainConfig(BaseModel):
             raise ValueError(f"siblings must be 'space' or 'space:R' with R >= 1, got {self.siblings!r}")
         return self
 
-    @field_validator("ppo_epochs", "mini_batches")
-    @classmethod
-    def _at_least_one(cls, value: int, info: ValidationInfo) -> int:
-        if value < 1:
-            raise ValueError(f"{info.field_name} must be at least 1 (1 = the on-policy update: one pass, one "
-                             f"optimizer step per step), got {value}")
-        return value
-
     @model_validator(mode="after")
     def _check_update(self) -> TrainConfig:
+        for name in ("ppo_epochs", "mini_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1 (1 = the on-policy update: one pass, one optimizer "
+                                 f"step per step), got {getattr(self, name)}")
         rollouts = self.tasks_per_step * self.group_size
         if self.mini_batches > rollouts:
             raise ValueError(

@@ -213,8 +213,10 @@ def update_step(
     mini_batches: int = 1,
     seed: int = 0,
 ) -> dict[str, float]:
-    """Runs the update of one rollout batch and returns its diagnostics, token-weighted means
-    over every micro-batch of every optimizer step (``*_max`` / ``*_min``: the extremes).
+    """Runs the update of one rollout batch and returns its diagnostics: token-weighted means
+    over every micro-batch of every optimizer step (``*_max`` / ``*_min``: the extremes), and
+    for the loss terms (``pg_loss``, ``kl_ref``, ``vf_loss``) the mean over optimizer steps of
+    each step's value.
 
     ``objective="pg"``: the clipped surrogate of ``losses.policy_loss``. The update makes
     ``ppo_epochs`` passes over ``samples``, each a seeded (``seed``) shuffle split into
@@ -253,6 +255,7 @@ def update_step(
     weights: dict[str, float] = {}
     extremes: dict[str, float] = {}
     grad_norms: list[float] = []
+    loss_terms: dict[str, list[float]] = {}
     counts = {"micro_batches": 0, "prefix_tokens_saved": 0}
     for indices in mini_batch_order(len(samples), ppo_epochs, mini_batches, seed):
         mini_batch = [samples[i] for i in indices]
@@ -262,6 +265,7 @@ def update_step(
         total_values = float(sum(len(s.value_positions) for s in mini_batch))
         batches = micro_batches(mini_batch, micro_batch_tokens, share_prefix)
         counts["micro_batches"] += len(batches)
+        step_terms: dict[str, float] = {}  # the loss terms of this optimizer step
         for batch in batches:
             data = _collate(batch, pad_id, device, share_prefix, old_of)
             counts["prefix_tokens_saved"] += int(data["prefix_len"]) * (len(batch) - 1)
@@ -303,11 +307,16 @@ def update_step(
                 )
                 loss = out.loss * scale
                 metrics = dict(out.metrics)
+                for key in ("pg_loss", "kl_ref"):  # this micro-batch's share of the mini-batch's loss
+                    if key in metrics:
+                        step_terms[key] = step_terms.get(key, 0.0) + metrics.pop(key) * scale
                 if value_head is not None and float(data["value_mask"].sum()) > 0:
                     values = value_head(hidden.float()).squeeze(-1)
                     vf = value_loss(values, data["old_values"], data["returns"], data["value_mask"], vf_clip, "token_sum_norm")
-                    loss = loss + vf_coef * vf.loss * float(data["value_mask"].sum()) / max(total_values, 1.0)
+                    value_share = float(data["value_mask"].sum()) / max(total_values, 1.0)
+                    loss = loss + vf_coef * vf.loss * value_share
                     metrics.update(vf.metrics)
+                    step_terms["vf_loss"] = step_terms.get("vf_loss", 0.0) + metrics.pop("vf_loss") * value_share
                 with torch.no_grad():
                     # The sampler's mismatch with the trainer under the weights that sampled.
                     mismatch = (data["rollout_logprobs"] - old_logprobs).abs() * data["mask"]
@@ -320,6 +329,8 @@ def update_step(
                     extremes[key] = max(extremes.get(key, value), value)
                 elif key.endswith("_min"):
                     extremes[key] = min(extremes.get(key, value), value)
+        for key, value in step_terms.items():
+            loss_terms.setdefault(key, []).append(value)
         grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -327,6 +338,7 @@ def update_step(
         scheduler.step()
     result = {k: sums[k] / weights[k] for k in sums}
     result.update(extremes)
+    result.update({key: sum(values) / len(values) for key, values in loss_terms.items()})
     result.update({
         "grad_norm": sum(grad_norms) / len(grad_norms), "optimizer_steps": float(len(grad_norms)),
         "micro_batches": float(counts["micro_batches"]),

@@ -141,6 +141,26 @@ def test_epochs_and_mini_batches_match_the_slow_reference_and_clip(tiny_model, s
     assert any(not torch.equal(value, initial[name]) for name, value in model.named_parameters())
 
 
+def test_ppo_value_head_trains_in_the_same_passes_with_its_clipped_loss(tiny_model):
+    model, reference = tiny(tiny_model), tiny(tiny_model)
+    torch.manual_seed(1)
+    head = torch.nn.Linear(32, 1)
+    reference_head = torch.nn.Linear(32, 1)
+    reference_head.load_state_dict(head.state_dict())
+    samples = ppo_batch(model, head)
+    optimizer = torch.optim.SGD([*model.parameters(), *head.parameters()], lr=0.1)
+    metrics = update_step(model, optimizer, samples, pad_id=0, temperature=TEMPERATURE, max_grad_norm=1e9,
+                          value_head=head, vf_coef=0.5, vf_clip=0.2, ppo_epochs=3, mini_batches=2, seed=5)
+    reference_update(reference, reference_head,
+                     torch.optim.SGD([*reference.parameters(), *reference_head.parameters()], lr=0.1),
+                     samples, mini_batch_order(len(samples), 3, 2, seed=5), vf_coef=0.5, vf_clip=0.2)
+    assert metrics["optimizer_steps"] == 6 and metrics["vf_clipfrac"] > 0 and metrics["clipfrac_low"] > 0
+    assert torch.allclose(head.weight, reference_head.weight, atol=2e-5, rtol=1e-4)
+    assert torch.allclose(head.bias, reference_head.bias, atol=2e-5, rtol=1e-4)
+    for (name, value), expected in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(value, expected, atol=2e-5, rtol=1e-4), name
+
+
 def test_one_pass_of_one_mini_batch_is_the_on_policy_step(tiny_model):
     """The default: old log-probs are the current ones, so every ratio is exactly 1 and the
     clip never acts; loss, gradient norm and weights are those of the slow reference."""

@@ -312,7 +312,8 @@ def update_step(
                         step_terms[key] = step_terms.get(key, 0.0) + metrics.pop(key) * scale
                 if value_head is not None and float(data["value_mask"].sum()) > 0:
                     values = value_head(hidden.float()).squeeze(-1)
-                    vf = value_loss(values, data["old_values"], data["returns"], data["value_mask"], vf_clip, "token_sum_norm")
+                    # The mean over the mini-batch's value positions, whatever the padding.
+                    vf = value_loss(values, data["old_values"], data["returns"], data["value_mask"], vf_clip, "token_mean")
                     value_share = float(data["value_mask"].sum()) / max(total_values, 1.0)
                     loss = loss + vf_coef * vf.loss * value_share
                     metrics.update(vf.metrics)

@@ -50,6 +50,10 @@ def test_policy_loss_matches_reference_with_both_clip_sides_active(mode, with_ro
     )
     assert float(out.loss) == pytest.approx(ref, rel=1e-5, abs=1e-6)
     assert out.metrics["clipfrac_low"] > 0 and out.metrics["clipfrac_high"] > 0
+    ratios = [math.exp(lp - o) for row in zip(logp.tolist(), old.tolist(), mask.tolist(), strict=True)
+              for lp, o, m in zip(*row, strict=True) if m]
+    assert out.metrics["ratio_min"] == pytest.approx(min(ratios), rel=1e-5)
+    assert out.metrics["ratio_max"] == pytest.approx(max(ratios), rel=1e-5)
     if with_rollout:
         assert out.metrics["iw_max"] <= 2.0 and out.metrics["iw_capped_frac"] > 0
 
@@ -130,3 +134,12 @@ def test_rloo_and_gae():
     d1 = 1.0 - 0.4
     d0 = 0.0 + 0.9 * 0.4 - 0.2
     assert adv == pytest.approx([d0 + 0.9 * 0.5 * d1, d1])
+
+
+def test_rloo_is_exactly_zero_for_groups_without_signal():
+    rewards, groups = [0.7, 0.7, 0.7, 1.0, 0.0, 0.5], ["a"] * 3 + ["b"] * 3
+    adv = rloo_advantages(rewards, groups)
+    assert adv[:3] == [0.0, 0.0, 0.0]  # float rounding alone would leave ~1e-16
+    mean_b = (1.0 + 0.0 + 0.5) / 3
+    assert adv[3:] == pytest.approx([3 / 2 * (r - mean_b) for r in rewards[3:]])  # G / (G - 1) x (r - mean)
+    assert rloo_advantages([1.0, 0.0], ["x", "y"]) == [0.0, 0.0]  # groups of one

@@ -128,3 +128,34 @@ def test_every_field_can_be_set():
     for name, value in base.model_dump().items():
         text = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
         assert parse_set_overrides([f"{name}={text}"]) == {name: value}, name
+
+
+def test_update_fields_default_to_the_on_policy_update_and_land_from_set():
+    cfg = load_config(preset="quick")
+    assert (cfg.ppo_epochs, cfg.mini_batches, cfg.advantage) == (1, 1, "grpo")
+    for preset in PRESETS.values():  # no preset changes the default update
+        assert {"ppo_epochs", "mini_batches", "advantage"}.isdisjoint(preset)
+    cfg = load_config(preset="quick", sets=["ppo_epochs=4", "mini_batches=2", "advantage=rloo"])
+    assert (cfg.ppo_epochs, cfg.mini_batches, cfg.advantage) == (4, 2, "rloo")
+
+
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        (["ppo_epochs=0"], "ppo_epochs must be at least 1"),
+        (["mini_batches=0"], "mini_batches must be at least 1"),
+        (["mini_batches=9"], r"mini_batches 9 exceeds the rollouts per step \(tasks_per_step x group_size = 2 x 4 = 8\)"
+                             ".*lower mini_batches or raise tasks_per_step or group_size"),
+        (["advantage=rloo", "algorithm=ppo"], "advantage rloo is a group baseline for algorithm grpo.*set algorithm: grpo"),
+        (["advantage=rloo", "group_size=1"], "advantage rloo needs group_size of at least 2.*raise group_size"),
+        (["advantage=loo"], "field advantage: Input should be 'grpo' or 'rloo'"),
+    ],
+)
+def test_update_field_errors_name_the_fix(sets, expected):
+    with pytest.raises(ValueError, match=expected):
+        load_config(preset="quick", sets=sets)
+
+
+def test_update_field_error_reaches_the_command_line(capsys):
+    err = train_error(capsys, "--set", "mini_batches=100")
+    assert "mini_batches 100 exceeds the rollouts per step" in err

@@ -17,6 +17,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is insta
 from harnessrl.rl.config import load_config  # noqa: E402
 from harnessrl.rl.loop import Trainer, train  # noqa: E402
 from harnessrl.rl.update import UpdateSample, update_step  # noqa: E402
+from harnessrl.trajectory import load_jsonl  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -116,6 +117,31 @@ def test_ppo_run_trains_a_value_head_over_turns(tiny_model, tmp_path):
     checkpoint = run_dir / "checkpoints" / "step-000001"
     head = torch.load(checkpoint / "value_head.pt")
     assert head["weight"].shape[-1] == 32
+
+
+def test_run_with_epochs_mini_batches_and_rloo_logs_every_optimizer_step(tiny_model, tmp_path):
+    run_dir = tmp_path / "epochs"
+    overrides = {**tiny_overrides(tiny_model, run_dir, 1), "group_size": 3, "sft_warm_start_steps": 0,
+                 "eval_base": False, "skip_no_signal_groups": False, "ppo_epochs": 2, "mini_batches": 3,
+                 "advantage": "rloo"}
+    cfg = load_config(preset="quick", overrides=overrides)
+    lines: list[str] = []
+    train(cfg, log=lines.append)
+    record = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert record["trained_samples"] == 3
+    assert record["update/optimizer_steps"] == 6  # 2 passes x 3 mini-batches, one step each
+    assert {"update/clipfrac_low", "update/clipfrac_high", "update/approx_kl", "update/ratio_min",
+            "update/ratio_max"} <= set(record)
+    assert any("optimizer steps 6 clipped" in line for line in lines)
+    # advantage: rloo gives each rollout r - mean of the other two, unscaled.
+    trainer = Trainer(cfg, resume=True, log=lambda m: None)
+    assert trainer.scheduler.last_epoch == 1  # the schedule advanced once for the step, not six times
+    trajectories = load_jsonl(run_dir / "rollouts" / "step-000000.jsonl")
+    samples = trainer.grpo_samples(trajectories, [1.0, 0.0, 0.0], [0, 0, 0])
+    assert [s.advantage for s in samples] == pytest.approx([1.0, -0.5, -0.5])
+    trainer.cfg.advantage = "grpo"
+    samples = trainer.grpo_samples(trajectories, [1.0, 0.0, 0.0], [0, 0, 0])
+    assert [s.advantage for s in samples] == pytest.approx([2 ** 0.5, -(2 ** -0.5), -(2 ** -0.5)])
 
 
 def test_masked_logprobs_equal_the_full_vocabulary_projection(tiny_model):

@@ -36,8 +36,10 @@ def grpo_advantages(
 
 
 def rloo_advantages(rewards: Sequence[float], groups: Sequence[Hashable]) -> list[float]:
-    """Returns r_i - mean of the other rollouts of its group (Ahmadian et al. 2024);
-    a group of one gets 0."""
+    """Returns r_i - mean of the other rollouts of its group (Ahmadian et al. 2024), i.e.
+    G / (G - 1) x (r_i - group mean); a group of one, and a group whose rewards are all equal,
+    gets exactly zero (float rounding would leave ~1e-16, which the loop's no-signal filter
+    would not see)."""
     members: dict[Hashable, list[int]] = defaultdict(list)
     for i, key in enumerate(groups):
         members[key].append(i)
@@ -48,7 +50,8 @@ def rloo_advantages(rewards: Sequence[float], groups: Sequence[Hashable]) -> lis
             continue
         total = sum(float(rewards[i]) for i in indices)
         for i in indices:
-            out[i] = float(rewards[i]) - (total - float(rewards[i])) / (n - 1)
+            advantage = float(rewards[i]) - (total - float(rewards[i])) / (n - 1)
+            out[i] = 0.0 if abs(advantage) < 1e-12 else advantage
     return out
 
 

@@ -71,10 +71,28 @@ class TrainConfig(BaseModel):
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0.0, description="gradient clipping norm")
     micro_batch_tokens: int = Field(4096, ge=64, description="padded tokens per forward/backward micro-batch")
+    ppo_epochs: int = Field(
+        1,
+        description="passes over each step's rollouts (verl ppo_epochs, TRL num_iterations; PPO, Schulman et al. "
+        "2017): the old log-probs are computed once per step, so later optimizer steps see ratios away from 1 "
+        "and the clip acts; 1 pass of 1 mini-batch is the on-policy update",
+    )
+    mini_batches: int = Field(
+        1,
+        description="optimizer steps per pass: the step's samples are shuffled (seeded by seed and step) and split "
+        "into this many mini-batches (verl: train batch size / ppo_mini_batch_size); the PPO value head trains "
+        "in the same mini-batches; the learning-rate schedule still advances once per step",
+    )
     clip_low: float = Field(0.20, ge=0.0, description="lower clip range eta- (Harness-S: 0.20)")
     clip_high: float = Field(0.28, ge=0.0, description="upper clip range eta+ (Harness-S: 0.28; classic PPO 0.2)")
     aggregation: Literal["token_mean", "seq_mean", "token_sum_norm"] = Field("token_mean", description="loss aggregation")
-    scale_std: bool = Field(True, description="divide GRPO advantages by the group std")
+    advantage: Literal["grpo", "rloo"] = Field(
+        "grpo",
+        description="advantage estimator of algorithm grpo: grpo = (r - group mean) / group std (Shao et al. 2024; "
+        "Harness-S eq. 6); rloo = r - mean of the group's other rollouts (Ahmadian et al. 2024, TRL's "
+        "RLOOTrainer), never scaled by the std; PPO takes GAE over turns",
+    )
+    scale_std: bool = Field(True, description="divide GRPO advantages by the group std (advantage grpo only)")
     importance_cap: float = Field(2.0, gt=0.0, description="cap of the truncated rollout/train importance weight")
     kl_coef: float = Field(0.0, ge=0.0, description="KL penalty to a frozen reference (off in both papers)")
     kl_estimator: Literal["k1", "k3"] = Field("k3", description="KL estimator")
@@ -153,6 +171,31 @@ class TrainConfig(BaseModel):
         kind, _, radius = self.siblings.partition(":")
         if kind != "space" or (radius and not (radius.isdigit() and int(radius) >= 1)):
             raise ValueError(f"siblings must be 'space' or 'space:R' with R >= 1, got {self.siblings!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_update(self) -> TrainConfig:
+        for name in ("ppo_epochs", "mini_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1 (1 = the on-policy update: one pass, one optimizer "
+                                 f"step per step), got {getattr(self, name)}")
+        rollouts = self.tasks_per_step * self.group_size
+        if self.mini_batches > rollouts:
+            raise ValueError(
+                f"mini_batches {self.mini_batches} exceeds the rollouts per step (tasks_per_step x group_size = "
+                f"{self.tasks_per_step} x {self.group_size} = {rollouts}); each mini-batch needs a rollout: lower "
+                "mini_batches or raise tasks_per_step or group_size"
+            )
+        if self.advantage == "rloo" and self.algorithm != "grpo":
+            raise ValueError(
+                f"advantage rloo is a group baseline for algorithm grpo; algorithm {self.algorithm} takes GAE "
+                "advantages: set algorithm: grpo, or leave advantage at grpo"
+            )
+        if self.advantage == "rloo" and self.group_size < 2:
+            raise ValueError(
+                "advantage rloo needs group_size of at least 2 (its baseline is the mean of the group's other "
+                f"rollouts), got {self.group_size}: raise group_size or use advantage: grpo"
+            )
         return self
 
 

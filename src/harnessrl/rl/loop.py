@@ -4,7 +4,7 @@
         pairs   = schedule.step(t)                      # (task, config) pairs, K-pairing
         rollout = G episodes per pair                   # a GRPO group = one task under one config
         A       = group-relative advantages             # zero for groups without signal
-        update  = clipped surrogate on policy tokens    # one optimizer step
+        update  = clipped surrogate on policy tokens    # ppo_epochs x mini_batches optimizer steps
         log, checkpoint (atomic), evaluate every N steps
 
 Before step 0 the untrained policy is evaluated (for the summary) and, optionally, warm
@@ -34,7 +34,7 @@ from harnessrl.harness.registry import default_space
 from harnessrl.pairing import PairingSchedule
 from harnessrl.policy.base import SamplingParams
 from harnessrl.rescue.groups import GroupInfo, signal_metrics
-from harnessrl.rl.advantages import gae, grpo_advantages, no_signal_fraction
+from harnessrl.rl.advantages import gae, grpo_advantages, no_signal_fraction, rloo_advantages
 from harnessrl.rl.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
 from harnessrl.rl.config import TrainConfig
 from harnessrl.rl.rescue import Rescue, task_info
@@ -364,6 +364,8 @@ class Trainer:
             max_grad_norm=self.cfg.max_grad_norm, micro_batch_tokens=self.cfg.micro_batch_tokens,
             scheduler=self.scheduler, value_head=self.value_head, vf_coef=self.cfg.vf_coef,
             vf_clip=self.cfg.vf_clip, autocast_dtype=self.autocast_dtype,
+            ppo_epochs=self.cfg.ppo_epochs, mini_batches=self.cfg.mini_batches,
+            seed=rollout_seed(self.cfg.seed, step, 0),  # a pure function of the step: resumable
         )
         self.sync_rollout_weights()
         save_jsonl(trajectories, self.run_dir / "rollouts" / f"step-{step:06d}.jsonl")
@@ -387,8 +389,11 @@ class Trainer:
         }
 
     def grpo_samples(self, trajectories: list[Any], rewards: list[float], groups: list[int]) -> list[UpdateSample]:
-        """Returns update samples with each rollout's group-relative advantage."""
-        advantages = grpo_advantages(rewards, groups, scale_std=self.cfg.scale_std)
+        """Returns update samples with each rollout's group-relative advantage (``cfg.advantage``)."""
+        if self.cfg.advantage == "rloo":
+            advantages = rloo_advantages(rewards, groups)
+        else:
+            advantages = grpo_advantages(rewards, groups, scale_std=self.cfg.scale_std)
         samples: list[UpdateSample] = []
         for trajectory, advantage in zip(trajectories, advantages, strict=True):
             if self.cfg.skip_no_signal_groups and advantage == 0.0:
@@ -520,6 +525,9 @@ class Trainer:
             self.log(
                 f"step {step + 1}/{cfg.steps}: reward {record['reward_mean']:.3f} no-signal "
                 f"{record['no_signal_fraction']:.2f} samples {record['trained_samples']} "
+                f"optimizer steps {record.get('update/optimizer_steps', 0):.0f} clipped "
+                f"{record.get('update/clipfrac_low', 0.0):.3f}/{record.get('update/clipfrac_high', 0.0):.3f} "
+                f"approx_kl {record.get('update/approx_kl', 0.0):.2e} "
                 f"({record['rollout_time_s']}s rollout, {record['update_time_s']}s update)"
             )
             self.state["step"] = step + 1

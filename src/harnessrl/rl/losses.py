@@ -138,6 +138,8 @@ def policy_loss(
                 # k3 estimator of KL(old || new) (CleanRL's approx_kl)
                 "approx_kl": float(masked_mean(ratio - 1.0 - log_ratio, mask)),
                 "ratio_mean": float(masked_mean(ratio, mask)),
+                "ratio_min": float(ratio[mask > 0].min()) if mask.any() else 1.0,
+                "ratio_max": float(ratio[mask > 0].max()) if mask.any() else 1.0,
                 "iw_mean": float(masked_mean(weight, mask)),
                 "iw_max": float((weight * mask).max()) if mask.any() else 0.0,
                 "iw_capped_frac": float(masked_mean((weight >= importance_cap).to(mask.dtype), mask)),

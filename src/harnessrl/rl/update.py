@@ -1,13 +1,17 @@
-"""One optimizer step on a batch of token-level samples: micro-batching, the loss, clipping.
+"""The update of one batch of token-level samples: epochs, mini-batches, micro-batching, the loss.
 
-Shared by the GRPO trainer (advantage per sample) and SFT (advantage 1, no clipping, a
-negative log-likelihood). Sequences are packed into micro-batches by a padded-token budget
-and gradients are accumulated so that the step's loss equals the loss over the whole batch.
+Shared by the GRPO and PPO trainers (advantage per sample or per token) and SFT (advantage 1,
+no clipping, a negative log-likelihood). A rollout batch is trained in ``ppo_epochs`` passes
+of ``mini_batches`` shuffled mini-batches, one optimizer step each, against old
+log-probabilities computed once (PPO, Schulman et al. 2017, sec. 5). Within a mini-batch,
+sequences are packed into micro-batches by a padded-token budget and gradients are
+accumulated so that the optimizer step's loss equals the loss over the whole mini-batch.
 """
 
 from __future__ import annotations
 
 import inspect
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,7 +116,8 @@ def _pack(order: list[UpdateSample], token_budget: int, share_prefix: bool) -> l
 
 
 def _collate(
-    batch: list[UpdateSample], pad_id: int, device: torch.device, share_prefix: bool = False
+    batch: list[UpdateSample], pad_id: int, device: torch.device, share_prefix: bool = False,
+    old_logprobs: dict[int, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     length = max(len(s.input_ids) for s in batch)
     ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
@@ -138,7 +143,14 @@ def _collate(
                 returns[row, pos], old_values[row, pos] = s.returns[i], s.old_values[i]
     # Position t's logits predict token t+1: shift everything that belongs to targets.
     prefix = shared_prefix(batch) if share_prefix else 0
+    extra: dict[str, torch.Tensor] = {}
+    if old_logprobs is not None:  # already aligned with the targets (see old_token_logprobs)
+        old = torch.zeros((len(batch), length - 1), dtype=torch.float32)
+        for row, s in enumerate(batch):
+            old[row, : len(s.input_ids) - 1] = old_logprobs[id(s)]
+        extra["old_logprobs"] = old.to(device)
     return {
+        **extra,
         "prefix_len": torch.tensor(prefix if prefix >= MIN_SHARED_PREFIX else 0),
         "value_mask": value_mask.to(device),
         "returns": returns.to(device),
@@ -150,6 +162,27 @@ def _collate(
         "rollout_logprobs": rollout[:, 1:].to(device),
         "advantages": advantages[:, 1:].to(device),
     }
+
+
+def mini_batch_order(n_samples: int, ppo_epochs: int = 1, mini_batches: int = 1, seed: int = 0) -> list[list[int]]:
+    """Returns the sample indices of every optimizer step of one update, in order: for each of
+    ``ppo_epochs`` passes, a seeded shuffle of all samples split into ``mini_batches`` parts
+    whose sizes differ by at most one (fewer parts when there are fewer samples). One part
+    per pass keeps the samples' order: a whole-batch step does not depend on it."""
+    parts = max(1, min(mini_batches, n_samples))
+    rng = random.Random(seed)
+    steps: list[list[int]] = []
+    for _ in range(ppo_epochs):
+        order = list(range(n_samples))
+        if parts > 1:
+            rng.shuffle(order)
+        size, extra = divmod(n_samples, parts)
+        start = 0
+        for part in range(parts):
+            stop = start + size + (1 if part < extra else 0)
+            steps.append(order[start:stop])
+            start = stop
+    return steps
 
 
 def update_step(
@@ -176,13 +209,29 @@ def update_step(
     vf_clip: float | None = 0.2,
     autocast_dtype: torch.dtype | None = None,
     share_prefix: bool = True,
+    ppo_epochs: int = 1,
+    mini_batches: int = 1,
+    seed: int = 0,
 ) -> dict[str, float]:
-    """Runs one optimizer step over ``samples`` and returns averaged diagnostics.
+    """Runs the update of one rollout batch and returns its diagnostics: token-weighted means
+    over every micro-batch of every optimizer step (``*_max`` / ``*_min``: the extremes), and
+    for the loss terms (``pg_loss``, ``kl_ref``, ``vf_loss``) the mean over optimizer steps of
+    each step's value.
 
-    ``objective="pg"``: the clipped surrogate of ``losses.policy_loss`` with the rollout
-    log-probabilities as the importance-weight reference; the update is on-policy (one
-    epoch, one mini-batch), so old log-probs equal the current ones, detached.
+    ``objective="pg"``: the clipped surrogate of ``losses.policy_loss``. The update makes
+    ``ppo_epochs`` passes over ``samples``, each a seeded (``seed``) shuffle split into
+    ``mini_batches`` mini-batches, one optimizer step per mini-batch (``mini_batch_order``;
+    verl's ``ppo_epochs`` and PPO mini-batches, TRL's ``num_iterations``). The old
+    log-probabilities of the ratio are computed once, before the first step, under the
+    weights that sampled the batch (no gradient); the later steps' ratios depart from 1 and
+    the clip acts. The truncated importance weight compares those old log-probabilities with
+    the sampler's (``rollout_logprobs``), so it stays fixed across the passes. With one pass
+    of one mini-batch (the default) the update is on-policy: the old log-probabilities are
+    the current ones, detached, and no extra forward pass runs. A PPO ``value_head`` trains
+    in the same passes, its clipped value loss against the samples' ``old_values``.
     ``objective="nll"``: masked negative log-likelihood (SFT).
+    ``scheduler`` steps once per call, after the last optimizer step, as verl's actor does:
+    a schedule counts rollout batches whatever ``ppo_epochs`` and ``mini_batches`` are.
     ``autocast_dtype``: forward and backward under ``torch.autocast`` in that dtype while the
     weights, gradients and optimizer state stay in theirs (mixed precision); ``None`` is
     bfloat16 on CUDA and off elsewhere, ``torch.float32`` is off.
@@ -190,84 +239,136 @@ def update_step(
     group's prompt, a harness's system prompt) and run it once (``decoder_hidden``); the
     step's loss and gradients are unchanged.
     """
+    if ppo_epochs < 1 or mini_batches < 1:
+        raise ValueError(f"ppo_epochs and mini_batches must be at least 1, got {ppo_epochs} and {mini_batches}")
     if not samples:
         return {"skipped": 1.0}
     device = next(model.parameters()).device
     model.train()
-    optimizer.zero_grad(set_to_none=True)
-    total_tokens = float(sum(sum(s.loss_mask[1:]) for s in samples))
-    total_seqs = float(sum(1 for s in samples if sum(s.loss_mask[1:]) > 0))
-    total_values = float(sum(len(s.value_positions) for s in samples))
-    sums: dict[str, float] = {}
-    weights: dict[str, float] = {}
-    batches = micro_batches(samples, micro_batch_tokens, share_prefix)
-    prefix_tokens_saved = 0
-    for batch in batches:
-        data = _collate(batch, pad_id, device, share_prefix)
-        prefix_tokens_saved += int(data["prefix_len"]) * (len(batch) - 1)
-        n_tokens = float(data["mask"].sum())
-        if n_tokens == 0:
-            continue
-        with autocast_context(device, autocast_dtype):
-            hidden, logprobs, entropy = masked_token_logprobs(
-                model, data, temperature if objective == "pg" else 1.0, entropy_grad=entropy_coef > 0
-            )
-        if objective == "nll":
-            loss = -(logprobs * data["mask"]).sum() / max(total_tokens, 1.0)
-            with torch.no_grad():
-                metrics = {
-                    "nll": float(-(logprobs * data["mask"]).sum() / n_tokens),
-                    "entropy": float((entropy * data["mask"]).sum() / n_tokens),
-                }
-        else:
-            ref_logprobs = None
-            if kl_coef > 0:
-                if ref_model is None:
-                    raise ValueError("kl_coef > 0 needs a reference model")
-                with torch.no_grad():
-                    _, ref_logprobs, _ = masked_token_logprobs(ref_model, data, temperature)
-            # Aggregate over the whole step, not the micro-batch: token_mean becomes a sum
-            # over tokens / all policy tokens of the step; seq_mean weights by sequences.
-            if aggregation == "token_mean":
-                agg, norm, scale = "token_sum_norm", total_tokens, 1.0
-            elif aggregation == "seq_mean":
-                agg, norm, scale = "seq_mean", None, len(batch) / max(total_seqs, 1.0)
-            else:
-                agg, norm, scale = "token_sum_norm", float(micro_batch_tokens), 1.0 / len(batches)
-            out = policy_loss(
-                logprobs, logprobs.detach(), data["advantages"], data["mask"], clip_low, clip_high, agg, norm,
-                rollout_logprobs=data["rollout_logprobs"], importance_cap=importance_cap,
-                ref_logprobs=ref_logprobs, kl_coef=kl_coef, kl_estimator=kl_estimator,
-                entropy=entropy, entropy_coef=entropy_coef,
-            )
-            loss = out.loss * scale
-            metrics = dict(out.metrics)
-            if value_head is not None and float(data["value_mask"].sum()) > 0:
-                values = value_head(hidden.float()).squeeze(-1)
-                vf = value_loss(values, data["old_values"], data["returns"], data["value_mask"], vf_clip, "token_sum_norm")
-                loss = loss + vf_coef * vf.loss * float(data["value_mask"].sum()) / max(total_values, 1.0)
-                metrics.update(vf.metrics)
-            with torch.no_grad():
-                mismatch = (data["rollout_logprobs"] - logprobs.detach()).abs() * data["mask"]
-                metrics["rollout_logprob_diff"] = float(mismatch.sum() / n_tokens)
-        loss.backward()
-        for key, value in metrics.items():
-            sums[key] = sums.get(key, 0.0) + value * n_tokens
-            weights[key] = weights.get(key, 0.0) + n_tokens
+    old_of: dict[int, torch.Tensor] | None = None
+    if objective == "pg" and (ppo_epochs > 1 or mini_batches > 1):
+        old_of = old_token_logprobs(model, samples, pad_id, temperature, micro_batch_tokens, autocast_dtype, share_prefix)
     params = [p for p in model.parameters() if p.requires_grad]
     if value_head is not None:
         params += list(value_head.parameters())
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    optimizer.step()
+    sums: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    extremes: dict[str, float] = {}
+    grad_norms: list[float] = []
+    loss_terms: dict[str, list[float]] = {}
+    counts = {"micro_batches": 0, "prefix_tokens_saved": 0}
+    for indices in mini_batch_order(len(samples), ppo_epochs, mini_batches, seed):
+        mini_batch = [samples[i] for i in indices]
+        optimizer.zero_grad(set_to_none=True)
+        total_tokens = float(sum(sum(s.loss_mask[1:]) for s in mini_batch))
+        total_seqs = float(sum(1 for s in mini_batch if sum(s.loss_mask[1:]) > 0))
+        total_values = float(sum(len(s.value_positions) for s in mini_batch))
+        batches = micro_batches(mini_batch, micro_batch_tokens, share_prefix)
+        counts["micro_batches"] += len(batches)
+        step_terms: dict[str, float] = {}  # the loss terms of this optimizer step
+        for batch in batches:
+            data = _collate(batch, pad_id, device, share_prefix, old_of)
+            counts["prefix_tokens_saved"] += int(data["prefix_len"]) * (len(batch) - 1)
+            n_tokens = float(data["mask"].sum())
+            if n_tokens == 0:
+                continue
+            with autocast_context(device, autocast_dtype):
+                hidden, logprobs, entropy = masked_token_logprobs(
+                    model, data, temperature if objective == "pg" else 1.0, entropy_grad=entropy_coef > 0
+                )
+            if objective == "nll":
+                loss = -(logprobs * data["mask"]).sum() / max(total_tokens, 1.0)
+                with torch.no_grad():
+                    metrics = {
+                        "nll": float(-(logprobs * data["mask"]).sum() / n_tokens),
+                        "entropy": float((entropy * data["mask"]).sum() / n_tokens),
+                    }
+            else:
+                ref_logprobs = None
+                if kl_coef > 0:
+                    if ref_model is None:
+                        raise ValueError("kl_coef > 0 needs a reference model")
+                    with torch.no_grad():
+                        _, ref_logprobs, _ = masked_token_logprobs(ref_model, data, temperature)
+                # Aggregate over the whole mini-batch, not the micro-batch: token_mean becomes a
+                # sum over tokens / all policy tokens of the mini-batch; seq_mean weights by sequences.
+                if aggregation == "token_mean":
+                    agg, norm, scale = "token_sum_norm", total_tokens, 1.0
+                elif aggregation == "seq_mean":
+                    agg, norm, scale = "seq_mean", None, len(batch) / max(total_seqs, 1.0)
+                else:
+                    agg, norm, scale = "token_sum_norm", float(micro_batch_tokens), 1.0 / len(batches)
+                old_logprobs = data["old_logprobs"] if old_of is not None else logprobs.detach()
+                out = policy_loss(
+                    logprobs, old_logprobs, data["advantages"], data["mask"], clip_low, clip_high, agg, norm,
+                    rollout_logprobs=data["rollout_logprobs"], importance_cap=importance_cap,
+                    ref_logprobs=ref_logprobs, kl_coef=kl_coef, kl_estimator=kl_estimator,
+                    entropy=entropy, entropy_coef=entropy_coef,
+                )
+                loss = out.loss * scale
+                metrics = dict(out.metrics)
+                for key in ("pg_loss", "kl_ref"):  # this micro-batch's share of the mini-batch's loss
+                    if key in metrics:
+                        step_terms[key] = step_terms.get(key, 0.0) + metrics.pop(key) * scale
+                if value_head is not None and float(data["value_mask"].sum()) > 0:
+                    values = value_head(hidden.float()).squeeze(-1)
+                    # The mean over the mini-batch's value positions, whatever the padding.
+                    vf = value_loss(values, data["old_values"], data["returns"], data["value_mask"], vf_clip, "token_mean")
+                    value_share = float(data["value_mask"].sum()) / max(total_values, 1.0)
+                    loss = loss + vf_coef * vf.loss * value_share
+                    metrics.update(vf.metrics)
+                    step_terms["vf_loss"] = step_terms.get("vf_loss", 0.0) + metrics.pop("vf_loss") * value_share
+                with torch.no_grad():
+                    # The sampler's mismatch with the trainer under the weights that sampled.
+                    mismatch = (data["rollout_logprobs"] - old_logprobs).abs() * data["mask"]
+                    metrics["rollout_logprob_diff"] = float(mismatch.sum() / n_tokens)
+            loss.backward()
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + value * n_tokens
+                weights[key] = weights.get(key, 0.0) + n_tokens
+                if key.endswith("_max"):
+                    extremes[key] = max(extremes.get(key, value), value)
+                elif key.endswith("_min"):
+                    extremes[key] = min(extremes.get(key, value), value)
+        for key, value in step_terms.items():
+            loss_terms.setdefault(key, []).append(value)
+        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
     if scheduler is not None:
         scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
     result = {k: sums[k] / weights[k] for k in sums}
+    result.update(extremes)
+    result.update({key: sum(values) / len(values) for key, values in loss_terms.items()})
     result.update({
-        "grad_norm": float(grad_norm), "micro_batches": float(len(batches)), "trained_tokens": total_tokens,
-        "prefix_tokens_saved": float(prefix_tokens_saved),
+        "grad_norm": sum(grad_norms) / len(grad_norms), "optimizer_steps": float(len(grad_norms)),
+        "micro_batches": float(counts["micro_batches"]),
+        "trained_tokens": float(sum(sum(s.loss_mask[1:]) for s in samples)),
+        "prefix_tokens_saved": float(counts["prefix_tokens_saved"]),
     })
     return result
+
+
+@torch.no_grad()
+def old_token_logprobs(
+    model: torch.nn.Module, samples: list[UpdateSample], pad_id: int, temperature: float,
+    micro_batch_tokens: int = 4096, autocast_dtype: torch.dtype | None = None, share_prefix: bool = True,
+) -> dict[int, torch.Tensor]:
+    """Returns, per sample (keyed by ``id``), the log-probabilities [len - 1] that the current
+    weights give its tokens 1.. (0 where nothing is trained): the old policy of a multi-step
+    update, under the same temperature and mixed precision as ``update_step``."""
+    device = next(model.parameters()).device
+    out: dict[int, torch.Tensor] = {}
+    for batch in micro_batches(samples, micro_batch_tokens, share_prefix):
+        data = _collate(batch, pad_id, device, share_prefix)
+        if float(data["mask"].sum()) == 0:
+            logprobs = torch.zeros(data["mask"].shape)
+        else:
+            with autocast_context(device, autocast_dtype):
+                _, logprobs, _ = masked_token_logprobs(model, data, temperature)
+        for row, sample in enumerate(batch):
+            out[id(sample)] = logprobs[row, : len(sample.input_ids) - 1].float().cpu()
+    return out
 
 
 def autocast_context(device: torch.device, dtype: torch.dtype | None) -> Any:

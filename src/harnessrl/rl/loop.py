@@ -374,7 +374,7 @@ class Trainer:
             "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
             "pass_rate": float(np.mean([t.passed for t in trajectories])) if trajectories else 0.0,
             "no_signal_fraction": no_signal_fraction(rewards, groups),
-            **signal_metrics(trajectories, groups, grpo_advantages(rewards, groups, scale_std=self.cfg.scale_std)),
+            **signal_metrics(trajectories, groups, self.group_advantages(rewards, groups)),
             "episodes": len(trajectories),
             "errored": stats.errored,
             "trained_samples": len(samples),
@@ -388,12 +388,15 @@ class Trainer:
             **extra,
         }
 
+    def group_advantages(self, rewards: list[float], groups: list[int]) -> list[float]:
+        """Returns each rollout's group-relative advantage (``cfg.advantage``: GRPO or RLOO)."""
+        if self.cfg.advantage == "rloo":
+            return rloo_advantages(rewards, groups)
+        return grpo_advantages(rewards, groups, scale_std=self.cfg.scale_std)
+
     def grpo_samples(self, trajectories: list[Any], rewards: list[float], groups: list[int]) -> list[UpdateSample]:
         """Returns update samples with each rollout's group-relative advantage (``cfg.advantage``)."""
-        if self.cfg.advantage == "rloo":
-            advantages = rloo_advantages(rewards, groups)
-        else:
-            advantages = grpo_advantages(rewards, groups, scale_std=self.cfg.scale_std)
+        advantages = self.group_advantages(rewards, groups)
         samples: list[UpdateSample] = []
         for trajectory, advantage in zip(trajectories, advantages, strict=True):
             if self.cfg.skip_no_signal_groups and advantage == 0.0:

@@ -251,7 +251,7 @@ def test_shared_prefix_micro_batches_give_the_plain_loss_and_gradients(tiny_mode
 
 
 def test_warm_start_order_is_one_epoch_in_short_runs_per_harness():
-    from harnessrl.rl.loop import sft_order
+    from harnessrl.rl.schedules import sft_order
 
     samples = [UpdateSample([i, i + 1], [0, 1], [0.0, 0.0]) for i in range(12)]
     harnesses = ["B", "A", "C", "A", "B", "C", "A", "B", "C", "A", "B", "C"]

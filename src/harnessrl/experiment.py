@@ -243,7 +243,8 @@ def run_experiment(spec: ExperimentSpec, out_dir: str | Path, log: Logger = prin
     from harnessrl.eval.report import write_run_report
     from harnessrl.eval.sets import resolve_eval_set
     from harnessrl.harness.registry import default_space
-    from harnessrl.rl.loop import Trainer, select_tasks_from
+    from harnessrl.rl.loop import Trainer
+    from harnessrl.tasks.suite import select_tasks
     from harnessrl.trajectory import save_jsonl
 
     out = Path(out_dir)
@@ -279,7 +280,7 @@ def run_experiment(spec: ExperimentSpec, out_dir: str | Path, log: Logger = prin
             started = time.time()
             trainer = Trainer(cfg, resume=True, log=lambda m, r=run_id: log(f"[{r}] {m}"))
             trainer.run()
-            tasks = select_tasks_from(cfg.suite, cfg.eval_split, spec.eval.tasks, spec.eval.seed, cfg.tiers, cfg.families)
+            tasks = select_tasks(cfg.suite, cfg.eval_split, spec.eval.tasks, spec.eval.seed, cfg.tiers, cfg.families)
             result = evaluate(
                 trainer.policy, targets, tasks, k=spec.eval.k, limits=trainer.limits,
                 temperature=spec.eval.temperature, max_new_tokens=cfg.max_new_tokens, seed=spec.eval.seed,

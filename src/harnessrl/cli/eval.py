@@ -64,7 +64,7 @@ def register(subparsers: Any) -> None:
 def run_eval(args: argparse.Namespace) -> int:
     from harnessrl.eval.evaluate import evaluate
     from harnessrl.eval.report import write_eval_report
-    from harnessrl.rl.loop import select_tasks_from
+    from harnessrl.tasks.suite import select_tasks
     from harnessrl.trajectory import save_jsonl
 
     run_config: dict[str, Any] = {}
@@ -91,7 +91,7 @@ def run_eval(args: argparse.Namespace) -> int:
     )
     targets = resolve_eval_set(args.configs, design, held_out=args.held_out, seed=args.seed)
     suite = args.suite or run_config.get("suite", "workspace")
-    tasks = select_tasks_from(suite, args.split, args.limit, args.seed, run_config.get("tiers"), run_config.get("families"))
+    tasks = select_tasks(suite, args.split, args.limit, args.seed, run_config.get("tiers"), run_config.get("families"))
     temperature = args.temperature if args.temperature is not None else (0.0 if args.k == 1 else 0.7)
     result = evaluate(
         policy, targets, tasks, k=args.k, limits=limits, temperature=temperature,

@@ -12,6 +12,7 @@ from typing import Any
 
 from harnessrl.tasks.base import TASK_FILE_SUFFIXES, TaskSuite
 from harnessrl.tasks.files import load_task_suite
+from harnessrl.tasks.model import Task
 
 ENTRY_POINT_GROUP = "harnessrl.task_suites"
 
@@ -86,3 +87,21 @@ def load_suite(name_or_path: str | Path, **kwargs: Any) -> TaskSuite:
     if not suite.name:
         suite.name = name
     return suite
+
+
+def select_tasks(
+    suite_name: str, split: str, limit: int | None, seed: int,
+    tiers: list[int] | None = None, families: list[str] | None = None,
+) -> list[Task]:
+    """Returns up to ``limit`` tasks of ``split`` in the tiers and families given (None = all),
+    in the suite's seeded order."""
+    suite = load_suite(suite_name)
+    chosen: list[Task] = []
+    for task in suite.tasks(split, seed=seed):
+        if (tiers is None or task.tier in tiers) and (families is None or task.family in families):
+            chosen.append(task)
+            if limit is not None and len(chosen) >= limit:
+                break
+    if not chosen:
+        raise ValueError(f"no {split} tasks in suite {suite_name!r} with tiers {tiers} and families {families}")
+    return chosen

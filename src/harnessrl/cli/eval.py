@@ -50,6 +50,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--device", default="auto", help="torch device of --checkpoint and embedded / hf: policies")
     p.add_argument("--out", default=None, help="output folder (default: evals/<name>-<time>)")
     p.add_argument("--json", action="store_true", help="print the results JSON instead of a table")
+    p.add_argument("--route", default=None, metavar="H0",
+                   help="Rank-1 routing (Harness-S): per task, roll out under the router's first choice among H0 "
+                   "and its siblings (its neighbours in the space), against H0 itself on the same tasks and seeds; "
+                   "replaces the --configs evaluation")
+    p.add_argument("--route-radius", type=int, default=1, help="siblings of --route: neighbours up to this distance")
+    p.add_argument("--router", default="validation", choices=("validation", "random"),
+                   help="how --route ranks: paired validation margins over H0, or at random (the ablation)")
+    p.add_argument("--route-validation", type=int, default=8,
+                   help="paired validation tasks (train split) the validation router is anchored on")
     p.set_defaults(func=run_eval)
 
     r = subparsers.add_parser(
@@ -85,6 +94,8 @@ def run_eval(args: argparse.Namespace) -> int:
         context_tokens=args.context_tokens or run_config.get("context_tokens")
         or (262_144 if scripted else HarnessLimits.context_tokens),
     )
+    if args.route:
+        return run_routed_eval(args, policy, spec, limits, run_config)
     design = make_design(
         default_space(), args.design or run_config.get("design", "orthogonal"),
         n=run_config.get("design_n"), seed=run_config.get("seed", 0), base=run_config.get("base_harness"),
@@ -120,6 +131,62 @@ def run_eval(args: argparse.Namespace) -> int:
             pk = "n/a" if s["pass_at_k"] is None else f"{100 * s['pass_at_k']:.1f}"
             print(f"{label:<22} {100 * s['pass_at_1']:>7.1f} {pk:>7} {100 * s['avg_at_k']:>7.1f} {s['tasks']:>6}")
         print(f"results: {out / 'results.json'}\nreport:  {report}")
+    sys.stdout.flush()
+    return 0
+
+
+def run_routed_eval(args: argparse.Namespace, policy: Any, spec: str, limits: HarnessLimits,
+                    run_config: dict[str, Any]) -> int:
+    """`eval --route H0`: Rank-1 routing against H0 on the same test tasks and seeds."""
+    from harnessrl.harness.harness import Harness
+    from harnessrl.rescue.rank1 import (
+        EngineSettings,
+        paired_validation,
+        routed_evaluation,
+        run_with,
+    )
+    from harnessrl.rescue.router import RandomRouter, ValidationRouter
+    from harnessrl.tasks.suite import select_tasks
+    from harnessrl.trajectory import save_jsonl
+
+    space = default_space()
+    h0 = space.parse(args.route).code
+    siblings = [c.code for c in space.neighbours(space.parse(h0), args.route_radius)]
+    suite = args.suite or run_config.get("suite", "workspace")
+    tiers, families = run_config.get("tiers"), run_config.get("families")
+    tasks = select_tasks(suite, args.split, args.limit, args.seed, tiers, families)
+    temperature = args.temperature if args.temperature is not None else (0.0 if args.k == 1 else 0.7)
+    settings = EngineSettings(limits, temperature, limits.max_new_tokens, args.concurrent, args.workers, args.backend)
+    router: Any = RandomRouter()
+    anchored = 0
+    if args.router == "validation":
+        validation = select_tasks(suite, "train", args.route_validation, args.seed + 1, tiers, families)
+        record = paired_validation(run_with(policy, settings), lambda name: Harness.named(name, limits),
+                                   [h0, *siblings], validation, lambda i: args.seed + i)
+        router = ValidationRouter(record, track=[h0])
+        anchored = len(validation) * (1 + len(siblings))
+    out = Path(args.out or f"evals/route-{h0}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    result = routed_evaluation(policy, router, h0, siblings, tasks, args.k, settings, seed=args.seed,
+                               on_trajectories=lambda trajectories: save_jsonl(trajectories, out / "trajectories.jsonl"))
+    result["meta"] = {"policy": policy.name, "source": spec, "suite": suite, "split": args.split, "k": args.k,
+                      "temperature": temperature, "seed": args.seed, "validation_episodes": anchored,
+                      "model": run_config.get("model")}
+    if isinstance(router, ValidationRouter):
+        result["validation_margins"] = router.history[-1]["margins"][h0]
+    (out / "routing.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        k = args.k
+        print(f"Rank-1 routing over {h0} and {len(siblings)} siblings ({router.name} router), {len(tasks)} tasks x {k}")
+        print(f"{'':<12} {'Pass@1':>7} {f'Pass@{k}':>7} {f'Avg@{k}':>7}")
+        for label, key in (("under H0", "under_h0"), ("Rank-1", "under_rank1"), ("margin", "margin")):
+            s = result[key]
+            cells = ["n/a" if s[m] is None else f"{100 * s[m]:.1f}" for m in ("pass_at_1", "pass_at_k", "avg_at_k")]
+            print(f"{label:<12} {cells[0]:>7} {cells[1]:>7} {cells[2]:>7}")
+        print(f"H0 is Rank-1 for {100 * result['h0_rank1_share']:.1f}% of tasks; chosen: {result['rank1_counts']}")
+        print(f"results: {out / 'routing.json'}")
     sys.stdout.flush()
     return 0
 

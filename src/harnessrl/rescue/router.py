@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from harnessrl.tasks.model import Task
+
 VOTE_WEIGHTS: tuple[float, ...] = (1.0, 0.75, 0.5, 0.25)
 ROUTERS: tuple[str, ...] = ("validation", "profile", "random")
 
@@ -35,6 +37,11 @@ class TaskInfo:
     task_id: str
     family: str = ""
     instruction: str = ""
+
+    @classmethod
+    def of(cls, task: Task) -> TaskInfo:
+        """Returns what a router may know of ``task`` (never its verifier or gold solution)."""
+        return cls(task.id, family=task.family, instruction=task.instruction)
 
 
 class Router(Protocol):

@@ -33,10 +33,11 @@ from harnessrl.harness.registry import default_space
 from harnessrl.pairing import PairingSchedule
 from harnessrl.policy.base import SamplingParams
 from harnessrl.rescue.groups import GroupInfo, signal_metrics
+from harnessrl.rescue.router import TaskInfo
 from harnessrl.rl.advantages import gae, grpo_advantages, no_signal_fraction, rloo_advantages
 from harnessrl.rl.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
 from harnessrl.rl.config import TrainConfig
-from harnessrl.rl.rescue import Rescue, task_info
+from harnessrl.rl.rescue import Rescue
 from harnessrl.rl.schedules import (
     lr_lambda,
     rollout_seed,
@@ -233,7 +234,7 @@ class Trainer:
         self._groups = []
         for group, pair in enumerate(pairs):
             code = pair.config.code
-            self._groups.append(GroupInfo(group, task_info(self.task_by_id[pair.task]), code))
+            self._groups.append(GroupInfo(group, TaskInfo.of(self.task_by_id[pair.task]), code))
             members = [code] * self.cfg.group_size
             if self.rescue is not None and self.cfg.rescue == "mixture":
                 members = self.rescue.mixture(code, seed=rollout_seed(self.cfg.seed, step, group))

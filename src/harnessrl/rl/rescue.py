@@ -31,13 +31,8 @@ from harnessrl.rescue.groups import (
     mixture_harnesses,
     plan_rescue,
 )
-from harnessrl.rescue.router import (
-    RandomRouter,
-    Router,
-    TaskInfo,
-    ValidationRecord,
-    ValidationRouter,
-)
+from harnessrl.rescue.rank1 import paired_validation
+from harnessrl.rescue.router import RandomRouter, Router, ValidationRouter
 from harnessrl.rl.config import TrainConfig
 from harnessrl.rollout.engine import RolloutJob
 from harnessrl.tasks.model import Task
@@ -45,11 +40,6 @@ from harnessrl.trajectory import Trajectory
 
 RunJobs = Callable[[list[RolloutJob]], list[Trajectory]]
 HarnessOf = Callable[[str], Any]  # name -> Harness
-
-
-def task_info(task: Task) -> TaskInfo:
-    """Returns what a router may know of a task before it runs."""
-    return TaskInfo(task.id, family=task.family, instruction=task.instruction)
 
 
 class Rescue:
@@ -117,21 +107,15 @@ class Rescue:
         returns a summary (episodes, per-harness success, margins over each group harness)."""
         assert isinstance(self.router, ValidationRouter)
         names = self.validation_harnesses()
-        jobs = [
-            RolloutJob(task, self.harness_of(name), seed=self.seed_of(step, 10_000_000 + i),
-                       tags={"anchor": step, "harness": name})
-            for i, (name, task) in enumerate((n, t) for n in names for t in self.validation_tasks)
-        ]
         self.log(f"rescue: paired validation at step {step}: {len(names)} harnesses x "
                  f"{len(self.validation_tasks)} tasks")
-        trajectories = run_jobs(jobs)
-        record = ValidationRecord(families={t.id: t.family for t in self.validation_tasks}, step=step)
-        for job, trajectory in zip(jobs, trajectories, strict=True):
-            record.outcomes.setdefault(job.tags["harness"], {})[job.task.id] = bool(trajectory.passed)
+        record = paired_validation(run_jobs, self.harness_of, names, self.validation_tasks,
+                                   lambda i: self.seed_of(step, 10_000_000 + i), step=step)
         self.router.anchor(record)
         self.last_anchor = step
         success = {name: sum(o.values()) / len(o) for name, o in record.outcomes.items() if o}
-        return {"step": step, "episodes": len(jobs), "success": success, "margins": self.router.history[-1]["margins"]}
+        episodes = len(names) * len(self.validation_tasks)
+        return {"step": step, "episodes": episodes, "success": success, "margins": self.router.history[-1]["margins"]}
 
     # -- the rescue pass -----------------------------------------------------------------------
     def rescue(

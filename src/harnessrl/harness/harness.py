@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from harnessrl.harness.base import (
     ContextPolicy,
+    EpisodeHooks,
     ObservationFormat,
     SystemPrompt,
     ToolInterface,
@@ -44,9 +45,15 @@ OUT_OF_SPACE_PRESETS: dict[str, dict[str, tuple[str, int | str]]] = {
 }
 
 
+SIBLING_SEPARATOR = "#"  # ``DIR#ID``: the sibling ID of the pool in folder DIR
+
+
 class Harness:
     """A concrete harness: system prompt, tool interface, observation format, context policy
-    and workflow. ``code`` is the configuration code (or the out-of-space harness name)."""
+    and workflow. ``code`` is the configuration code (or the out-of-space harness name, or
+    the name a sibling was built under). ``hooks`` act at the opening and on proposed calls;
+    ``sibling`` names the sibling harness this is (``{"id", "hash", "base"}``), None for the
+    harnesses of the space and the out-of-space ones."""
 
     def __init__(
         self,
@@ -58,6 +65,8 @@ class Harness:
         code: str,
         limits: HarnessLimits | None = None,
         out_of_space: bool = False,
+        hooks: EpisodeHooks | None = None,
+        sibling: dict[str, str] | None = None,
     ) -> None:
         self.system = system
         self.tools = tools
@@ -67,6 +76,8 @@ class Harness:
         self.code = code
         self.limits = limits or HarnessLimits()
         self.out_of_space = out_of_space
+        self.hooks = hooks or EpisodeHooks()
+        self.sibling = sibling
 
     def __repr__(self) -> str:
         return f"Harness({self.code!r})"
@@ -110,7 +121,12 @@ class Harness:
 
     @classmethod
     def named(cls, name: str, limits: HarnessLimits | None = None) -> Harness:
-        """Returns an in-space harness by code or an out-of-space harness by name."""
+        """Returns an in-space harness by code, an out-of-space harness by name, or one member
+        of a sibling pool as ``DIR#ID`` (see ``harness.siblings``)."""
+        if SIBLING_SEPARATOR in name:
+            from harnessrl.harness.siblings import build_member
+
+            return build_member(name, limits)
         if name in OUT_OF_SPACE_PRESETS:
             return cls.out_of_space_harness(name, limits)
         return cls.from_config(name, limits)

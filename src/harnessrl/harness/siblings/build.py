@@ -31,18 +31,15 @@ from harnessrl.harness.siblings.components import (
     section_titles,
 )
 from harnessrl.harness.siblings.edits import PatchError
-from harnessrl.harness.siblings.kinds import GuardRule, Hook, RecoveryRule, Skill, SystemAddendum, ToolHint
+from harnessrl.harness.siblings.kinds import (
+    GuardRule,
+    Hook,
+    RecoveryRule,
+    Skill,
+    SystemAddendum,
+    ToolHint,
+)
 from harnessrl.harness.siblings.patch import Sibling, load_sibling, sibling_file, sibling_ids
-
-if TYPE_CHECKING:
-    from harnessrl.harness.siblings.kinds import (
-        GuardRule,
-        Hook,
-        RecoveryRule,
-        Skill,
-        SystemAddendum,
-        ToolHint,
-    )
 
 TURN_CEILING_FACTOR = 2  # a limits edit may at most double the run's turn limit
 

@@ -30,7 +30,7 @@ def register(subparsers: Any) -> None:
     who.add_argument("--policy", default=None, help=f"policy spec (default embedded): {POLICY_SPECS}")
     p.add_argument("--configs", default="held-out,out-of-space",
                    help=f"evaluation set: comma-separated parts of {', '.join(EVAL_SETS)}, codes, "
-                   "out-of-space names or ext:<name>")
+                   "out-of-space names, ext:<name>, pool:DIR (every member of a sibling pool) or DIR#ID")
     p.add_argument("--design", default=None, choices=DESIGN_KINDS,
                    help="the training design `train` and distances refer to (default: the run's, else orthogonal)")
     p.add_argument("--held-out", type=int, default=18, help="held-out in-space configurations (paper: 18)")

@@ -61,30 +61,39 @@ def register(subparsers: Any) -> None:
     r.set_defaults(func=run_report)
 
 
-def run_eval(args: argparse.Namespace) -> int:
-    from harnessrl.eval.evaluate import evaluate
-    from harnessrl.eval.report import write_eval_report
-    from harnessrl.rl.loop import select_tasks_from
-    from harnessrl.trajectory import save_jsonl
-
-    run_config: dict[str, Any] = {}
+def load_policy(args: argparse.Namespace, default: str) -> tuple[Any, str, dict[str, Any]]:
+    """Returns (policy, its spec, the run's config) from ``--checkpoint`` or ``--policy``
+    (``default`` when neither is given)."""
     if args.checkpoint:
         from harnessrl.rl.checkpoint import load_checkpoint_policy
 
         policy, run_config = load_checkpoint_policy(args.checkpoint, device=args.device)
-        spec = args.checkpoint
-    else:
-        spec = args.policy or "embedded"
-        local_model = spec in ("embedded", "hf") or spec.startswith("hf:")
-        policy = make_policy(spec, args.seed, **({"device": args.device} if local_model else {}))
-    scripted = spec in SCRIPTED_POLICIES
-    limits = HarnessLimits(
+        return policy, args.checkpoint, run_config
+    spec = args.policy or default
+    local_model = spec in ("embedded", "hf") or spec.startswith("hf:")
+    return make_policy(spec, args.seed, **({"device": args.device} if local_model else {})), spec, {}
+
+
+def run_limits(args: argparse.Namespace, run_config: dict[str, Any], scripted: bool) -> HarnessLimits:
+    """Returns the episode limits: the options, else the run's, else the defaults (scripted
+    policies tokenize bytewise and get room for long gold commands)."""
+    return HarnessLimits(
         max_turns=args.max_turns or run_config.get("max_turns") or HarnessLimits.max_turns,
         max_new_tokens=args.max_new_tokens or run_config.get("max_new_tokens")
         or (16_384 if scripted else HarnessLimits.max_new_tokens),
         context_tokens=args.context_tokens or run_config.get("context_tokens")
         or (262_144 if scripted else HarnessLimits.context_tokens),
     )
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from harnessrl.eval.evaluate import evaluate
+    from harnessrl.eval.report import write_eval_report
+    from harnessrl.rl.loop import select_tasks_from
+    from harnessrl.trajectory import save_jsonl
+
+    policy, spec, run_config = load_policy(args, default="embedded")
+    limits = run_limits(args, run_config, scripted=spec in SCRIPTED_POLICIES)
     design = make_design(
         registered_space(), args.design or run_config.get("design", "orthogonal"),
         n=run_config.get("design_n"), seed=run_config.get("seed", 0), base=run_config.get("base_harness"),

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.design import DESIGN_KINDS
-from harnessrl.harness.harness import HarnessLimits
 from harnessrl.policy import POLICY_SPECS
 
 DEFAULT_BASE = "S0-T1-O1-C0-W0"
@@ -98,28 +97,12 @@ def _tasks(args: argparse.Namespace) -> list:
 
 
 def _policy_and_settings(args: argparse.Namespace, default_temperature: float) -> tuple[Any, Any]:
-    from harnessrl.policy import make_policy
+    from harnessrl.cli.eval import load_policy, run_limits
     from harnessrl.policy.scripted import SCRIPTED_POLICIES
     from harnessrl.rescue.runs import RunSettings
 
-    run_config: dict[str, Any] = {}
-    if args.checkpoint:
-        from harnessrl.rl.checkpoint import load_checkpoint_policy
-
-        policy, run_config = load_checkpoint_policy(args.checkpoint, device=args.device)
-        scripted = False
-    else:
-        spec = args.policy or "oracle"
-        local = spec in ("embedded", "hf") or spec.startswith("hf:")
-        policy = make_policy(spec, args.seed, **({"device": args.device} if local else {}))
-        scripted = spec in SCRIPTED_POLICIES
-    limits = HarnessLimits(
-        max_turns=args.max_turns or run_config.get("max_turns") or HarnessLimits.max_turns,
-        max_new_tokens=args.max_new_tokens or run_config.get("max_new_tokens")
-        or (16_384 if scripted else HarnessLimits.max_new_tokens),
-        context_tokens=args.context_tokens or run_config.get("context_tokens")
-        or (262_144 if scripted else HarnessLimits.context_tokens),
-    )
+    policy, spec, run_config = load_policy(args, default="oracle")
+    limits = run_limits(args, run_config, scripted=spec in SCRIPTED_POLICIES)
     temperature = default_temperature if args.temperature is None else args.temperature
     settings = RunSettings(limits=limits, temperature=temperature, seed=args.seed, backend=args.backend,
                            max_concurrent=args.concurrent, env_workers=args.workers)

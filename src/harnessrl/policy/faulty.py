@@ -87,9 +87,9 @@ class FaultyPolicy(Policy):
                 if not told:
                     progress.cursor += 1  # goes on as if the step had worked
         action = gold[min(progress.cursor, len(gold) - 1)]
-        if fault == "never_submit" and action.kind == "submit":
-            if not any("submit" in text.lower() for _, text in _harness_text(episode, (SPAN_REMINDER,))):
-                return LOOKING_AROUND
+        told_to_submit = any("submit" in text.lower() for _, text in _harness_text(episode, (SPAN_REMINDER,)))
+        if fault == "never_submit" and action.kind == "submit" and not told_to_submit:
+            return LOOKING_AROUND
         progress.cursor += 1
         return action
 

@@ -54,6 +54,7 @@ class Diagnosis:
     failures: list[Failure] = field(default_factory=list)
     solved: list[str] = field(default_factory=list)
     dropped: int = 0  # LLM answers that could not be used (counted, never raised)
+    notes: list[str] = field(default_factory=list)  # why they could not
 
     def tasks_by_cause(self) -> dict[str, list[str]]:
         """Returns cause -> distinct failed task ids, most supported first."""
@@ -84,7 +85,7 @@ class Diagnosis:
         return sum(1 for f in self.failures if a in f.causes and b in f.causes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"by_cause": self.tasks_by_cause(), "solved": self.solved, "dropped": self.dropped,
+        return {"by_cause": self.tasks_by_cause(), "solved": self.solved, "dropped": self.dropped, "notes": self.notes,
                 "failures": [f.__dict__ for f in self.failures]}
 
 

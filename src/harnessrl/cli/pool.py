@@ -63,6 +63,8 @@ def register(subparsers: Any) -> None:
     e.add_argument("--validate-tasks", type=int, default=30, help="tasks of a child's local evaluation (at most)")
     e.add_argument("--regression-budget", type=int, default=0, help="control successes a child may break")
     e.add_argument("--candidates", type=int, default=4, help="candidates per parent and round")
+    e.add_argument("--families", default="", help="comma-separated task families (default: all)")
+    e.add_argument("--tiers", default="", help="comma-separated task tiers (default: all)")
     _run_options(e, limit=24)
     e.add_argument("--out", required=True, help="pool folder (resumed when it holds an unfinished evolution)")
     e.set_defaults(func=run_evolve)
@@ -157,6 +159,7 @@ def run_evolve(args: argparse.Namespace) -> int:
         base=args.base, rounds=args.rounds, parents=args.parents, group=args.group,
         validate_tasks=args.validate_tasks, regression_budget=args.regression_budget,
         candidates_per_parent=args.candidates, suite=args.suite, split=args.split, tasks=args.limit, seed=args.seed,
+        families=tuple(f for f in args.families.split(",") if f), tiers=tuple(int(t) for t in args.tiers.split(",") if t),
     )
     diagnoser = make_diagnoser(args.diagnoser, args.editor_url, args.editor_model)
     editor = make_editor(args.editor, args.editor_url, args.editor_model)

@@ -58,6 +58,8 @@ class EvolutionConfig:
     split: str = "train"
     tasks: int = 24  # training tasks diagnosed
     seed: int = 0
+    families: tuple[str, ...] = ()  # only tasks of these families (empty: all)
+    tiers: tuple[int, ...] = ()  # only tasks of these tiers (empty: all)
 
     def __post_init__(self) -> None:
         for name in ("rounds", "parents", "group", "validate_tasks", "candidates_per_parent", "tasks"):
@@ -82,15 +84,19 @@ class Evolution:
         self.diagnoser = diagnoser or OfflineDiagnoser()
         self.editor = editor or RuleEditor()
         self.log = log or (lambda line: None)
-        self.tasks = list(load_suite(config.suite).tasks(config.split, limit=config.tasks, seed=config.seed))
+        self.tasks = [t for t in load_suite(config.suite).tasks(config.split, seed=config.seed)
+                      if (not config.families or t.family in config.families)
+                      and (not config.tiers or t.tier in config.tiers)][: config.tasks]
         if not self.tasks:
-            raise ValueError(f"suite {config.suite!r} split {config.split!r} has no tasks")
+            raise ValueError(f"suite {config.suite!r} split {config.split!r} has no tasks of families "
+                             f"{list(config.families) or 'any'} and tiers {list(config.tiers) or 'any'}")
         self.by_id = {t.id: t for t in self.tasks}
 
     # -- state -------------------------------------------------------------------------
     def _open(self) -> tuple[Pool, dict[str, Any]]:
         path = self.out / STATE_FILE
-        wanted = {k: v for k, v in asdict(self.config).items() if k != "rounds"}
+        # JSON has no tuples: compare as the state file stores them
+        wanted = json.loads(json.dumps({k: v for k, v in asdict(self.config).items() if k != "rounds"}))
         if not path.is_file():
             pool = Pool.create(self.out, self.config.base, "evolve", meta={"evolution": asdict(self.config)})
             return pool, {"config": wanted, "h0": None, "rounds": [], "wall_time_s": 0.0}

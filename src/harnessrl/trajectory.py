@@ -121,6 +121,8 @@ class Trajectory:
     out_of_space: bool = False
     metrics: dict[str, Any] = field(default_factory=dict)
     verdict: list[dict[str, Any]] = field(default_factory=list)
+    # The sibling harness it ran under ({"id", "hash", "base"}); empty for other harnesses.
+    sibling: dict[str, str] = field(default_factory=dict)
 
     @property
     def n_policy_tokens(self) -> int:
@@ -173,6 +175,10 @@ class Trajectory:
             f"=== task {self.task_id} | harness {self.harness} ({self.config}) | status {self.status} "
             f"| reward {self.reward:.1f} ==="
         ]
+        if self.sibling:
+            lines.append(
+                f"=== sibling {self.sibling.get('id')} (hash {self.sibling.get('hash')}) of base {self.sibling.get('base')} ==="
+            )
         if self.turns and tokenizer is not None:
             first = self.turns[0]
             if show_spans:

@@ -15,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     from harnessrl.cli import eval as eval_cli
     from harnessrl.cli import experiment as experiment_cli
     from harnessrl.cli import external as external_cli
+    from harnessrl.cli import pool as pool_cli
     from harnessrl.cli import rollout as rollout_cli
     from harnessrl.cli import serve as serve_cli
     from harnessrl.cli import tasks as tasks_cli
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cli.register(subparsers)
     external_cli.register(subparsers)
     eval_cli.register(subparsers)
+    pool_cli.register(subparsers)
     experiment_cli.register(subparsers)
     return parser
 

@@ -30,7 +30,7 @@ def register(subparsers: Any) -> None:
     who.add_argument("--policy", default=None, help=f"policy spec (default embedded): {POLICY_SPECS}")
     p.add_argument("--configs", default="held-out,out-of-space",
                    help=f"evaluation set: comma-separated parts of {', '.join(EVAL_SETS)}, codes, "
-                   "out-of-space names or ext:<name>")
+                   "out-of-space names, ext:<name>, pool:DIR (every member of a sibling pool) or DIR#ID")
     p.add_argument("--design", default=None, choices=DESIGN_KINDS,
                    help="the training design `train` and distances refer to (default: the run's, else orthogonal)")
     p.add_argument("--held-out", type=int, default=18, help="held-out in-space configurations (paper: 18)")
@@ -70,30 +70,39 @@ def register(subparsers: Any) -> None:
     r.set_defaults(func=run_report)
 
 
-def run_eval(args: argparse.Namespace) -> int:
-    from harnessrl.eval.evaluate import evaluate
-    from harnessrl.eval.report import write_eval_report
-    from harnessrl.tasks.suite import select_tasks
-    from harnessrl.trajectory import save_jsonl
-
-    run_config: dict[str, Any] = {}
+def load_policy(args: argparse.Namespace, default: str) -> tuple[Any, str, dict[str, Any]]:
+    """Returns (policy, its spec, the run's config) from ``--checkpoint`` or ``--policy``
+    (``default`` when neither is given)."""
     if args.checkpoint:
         from harnessrl.rl.checkpoint import load_checkpoint_policy
 
         policy, run_config = load_checkpoint_policy(args.checkpoint, device=args.device)
-        spec = args.checkpoint
-    else:
-        spec = args.policy or "embedded"
-        local_model = spec in ("embedded", "hf") or spec.startswith("hf:")
-        policy = make_policy(spec, args.seed, **({"device": args.device} if local_model else {}))
-    scripted = spec in SCRIPTED_POLICIES
-    limits = HarnessLimits(
+        return policy, args.checkpoint, run_config
+    spec = args.policy or default
+    local_model = spec in ("embedded", "hf") or spec.startswith("hf:")
+    return make_policy(spec, args.seed, **({"device": args.device} if local_model else {})), spec, {}
+
+
+def run_limits(args: argparse.Namespace, run_config: dict[str, Any], scripted: bool) -> HarnessLimits:
+    """Returns the episode limits: the options, else the run's, else the defaults (scripted
+    policies tokenize bytewise and get room for long gold commands)."""
+    return HarnessLimits(
         max_turns=args.max_turns or run_config.get("max_turns") or HarnessLimits.max_turns,
         max_new_tokens=args.max_new_tokens or run_config.get("max_new_tokens")
         or (16_384 if scripted else HarnessLimits.max_new_tokens),
         context_tokens=args.context_tokens or run_config.get("context_tokens")
         or (262_144 if scripted else HarnessLimits.context_tokens),
     )
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from harnessrl.eval.evaluate import evaluate
+    from harnessrl.eval.report import write_eval_report
+    from harnessrl.tasks.suite import select_tasks
+    from harnessrl.trajectory import save_jsonl
+
+    policy, spec, run_config = load_policy(args, default="embedded")
+    limits = run_limits(args, run_config, scripted=spec in SCRIPTED_POLICIES)
     if args.route:
         return run_routed_eval(args, policy, spec, limits, run_config)
     design = make_design(

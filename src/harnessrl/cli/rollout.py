@@ -28,7 +28,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--policy", default="oracle", help=f"policy: {POLICY_SPECS}")
     p.add_argument(
         "--configs", default="S0-T0-O0-C0-W0",
-        help=f"comma-separated codes or out-of-space names, or one of {', '.join(HARNESS_SETS)}",
+        help=f"comma-separated codes or out-of-space names, or one of {', '.join(HARNESS_SETS)}; "
+        "pool:DIR (every member of a sibling pool) or DIR#ID (one member)",
     )
     p.add_argument("--suite", default="workspace", help="task suite name or task file")
     p.add_argument("--split", default="test", help="task split")

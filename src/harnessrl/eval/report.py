@@ -24,7 +24,7 @@ from harnessrl.trajectory import Trajectory, expand_runs, load_jsonl
 
 Decoder = Callable[[Sequence[int]], str]
 GROUP_LABELS = {"train": "training configs", "in_space": "in-space (held-out)", "out_of_space": "out-of-space",
-                "external": "external agents"}
+                "external": "external agents", "sibling": "sibling harnesses"}
 SPAN_COLOURS = {"system": "#e8eaf6", "task": "#e0f2f1", "policy": "#fff3e0", "observation": "#f1f8e9",
                 "reminder": "#fce4ec", "summary": "#ede7f6", "format": "#eeeeee"}
 _MAX_SPAN_CHARS = 1500

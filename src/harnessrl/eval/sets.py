@@ -2,9 +2,9 @@
 
 A target is one harness to evaluate through, with the group it is reported under:
 ``train`` (a configuration of the training design), ``in_space`` (any other configuration
-of the 243), ``out_of_space`` (a built-in harness outside the space) or ``external`` (an
+of the 243), ``out_of_space`` (a built-in harness outside the space), ``external`` (an
 external agent program, ``ext:<name>``, resolved by the external-agents module when
-it is installed).
+it is installed) or ``sibling`` (a member of a sibling pool: ``pool:DIR`` or ``DIR#ID``).
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ import importlib
 from dataclasses import dataclass
 
 from harnessrl.design import Design, orthogonal
-from harnessrl.harness.harness import OUT_OF_SPACE_PRESETS, out_of_space_names
+from harnessrl.harness.harness import OUT_OF_SPACE_PRESETS, SIBLING_SEPARATOR, out_of_space_names
 from harnessrl.harness.registry import default_space
+from harnessrl.rescue.pool import POOL_PREFIX, resolve_pool_spec
 
 EVAL_SETS: tuple[str, ...] = ("train", "design", "held-out", "out-of-space", "space", "all")
-GROUPS: tuple[str, ...] = ("train", "in_space", "out_of_space", "external")
+GROUPS: tuple[str, ...] = ("train", "in_space", "out_of_space", "external", "sibling")
 EXTERNAL_PREFIX = "ext:"
 # The module that knows external agent programs: it must offer
 # ``external_agent_names() -> list[str]``.
@@ -53,7 +54,8 @@ def resolve_eval_set(spec: str, design: Design, held_out: int = 18, seed: int = 
     Parts: ``train`` / ``design`` (the design's configurations), ``held-out`` (``held_out``
     configurations outside the design, seeded), ``out-of-space`` (the built-in out-of-space
     harnesses), ``space`` (all configurations of the space), ``all`` (train + held-out +
-    out-of-space), a configuration code, an out-of-space name, or ``ext:<name>``.
+    out-of-space), a configuration code, an out-of-space name, ``ext:<name>``, ``pool:DIR``
+    (every member of a sibling pool) or ``DIR#ID`` (one member).
     Raises ``ValueError`` with the fix for anything else.
     """
     train_codes = set(design.codes)
@@ -76,6 +78,8 @@ def resolve_eval_set(spec: str, design: Design, held_out: int = 18, seed: int = 
             continue
         if part in OUT_OF_SPACE_PRESETS:
             targets.append(EvalTarget(part, "out_of_space"))
+        elif part.startswith(POOL_PREFIX) or SIBLING_SEPARATOR in part:
+            targets += [EvalTarget(name, "sibling") for name in resolve_pool_spec(part)]
         elif part.startswith(EXTERNAL_PREFIX):
             name = part[len(EXTERNAL_PREFIX):]
             known = external_agent_names()
@@ -92,7 +96,7 @@ def resolve_eval_set(spec: str, design: Design, held_out: int = 18, seed: int = 
                 raise ValueError(
                     f"evaluation set part {part!r} is neither a set ({', '.join(EVAL_SETS)}), an "
                     f"out-of-space harness ({', '.join(out_of_space_names())}), {EXTERNAL_PREFIX}<name>, "
-                    f"nor a configuration code: {exc}"
+                    f"{POOL_PREFIX}DIR, DIR{SIBLING_SEPARATOR}ID, nor a configuration code: {exc}"
                 ) from None
             targets.append(in_space(code))
     if not targets:

@@ -3,7 +3,9 @@
 A harness is five components, one per factor of the space (system prompt, tool interface,
 observation, context management, workflow). Each component is data plus a small class;
 ``harness/registry.py`` maps (factor letter, level) to a component so the space is built
-from what is registered.
+from what is registered. ``EpisodeHooks`` are the two points of the episode no component
+sees (the opening, and a proposed call before it runs); in-space harnesses leave them empty,
+sibling harnesses (``harness/siblings``) fill them.
 """
 
 from __future__ import annotations
@@ -137,6 +139,14 @@ class EpisodeState:
     format_errors: int = 0
     consecutive_format_errors: int = 0
     tool_errors: int = 0
+    blocked_calls: int = 0  # proposed calls a harness rule refused to run
+
+
+def describe_call(call: ToolCall) -> str:
+    """Returns a one-line description of a call, ``name key='value', ...`` (arguments cut
+    short): what ``EpisodeState.commands`` records, so equal calls have equal lines."""
+    text = ", ".join(f"{k}={str(v)[:80]!r}" for k, v in call.arguments.items())
+    return f"{call.name} {text[:200]}"
 
 
 class Component(ABC):  # noqa: B024 - subclasses declare the abstract methods
@@ -255,3 +265,25 @@ class Workflow(Component):
     def on_submit(self, state: EpisodeState, sandbox: Sandbox) -> SubmitDecision:
         """Returns whether a submit ends the episode."""
         return SubmitDecision(done=True)
+
+
+@dataclass(frozen=True)
+class CallVerdict:
+    """What harness rules say about a proposed call: ``blocked`` is the reason shown as its
+    observation instead of running it (None: it runs); ``hints`` are shown after the step."""
+
+    blocked: str | None = None
+    hints: tuple[str, ...] = ()
+
+
+class EpisodeHooks:
+    """Harness behaviour at points no factor component sees. The default does nothing."""
+
+    def at_start(self, state: EpisodeState, sandbox: Sandbox) -> list[str]:
+        """Returns messages shown after the task, before the first turn (may run read-only
+        commands in the episode's sandbox)."""
+        return []
+
+    def before_call(self, call: ToolCall, state: EpisodeState) -> CallVerdict:
+        """Returns whether a parsed call may run, and hints to show after it."""
+        return CallVerdict()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from harnessrl.harness.base import (
     ContextPolicy,
+    EpisodeHooks,
     ObservationFormat,
     SystemPrompt,
     ToolInterface,
@@ -44,9 +46,15 @@ OUT_OF_SPACE_PRESETS: dict[str, dict[str, tuple[str, int | str]]] = {
 }
 
 
+SIBLING_SEPARATOR = "#"  # ``DIR#ID``: the sibling ID of the pool in folder DIR
+
+
 class Harness:
     """A concrete harness: system prompt, tool interface, observation format, context policy
-    and workflow. ``code`` is the configuration code (or the out-of-space harness name)."""
+    and workflow. ``code`` is the configuration code (or the out-of-space harness name, or
+    the name a sibling was built under). ``hooks`` act at the opening and on proposed calls;
+    ``sibling`` names the sibling harness this is (``{"id", "hash", "base"}``), None for the
+    harnesses of the space and the out-of-space ones."""
 
     def __init__(
         self,
@@ -58,6 +66,8 @@ class Harness:
         code: str,
         limits: HarnessLimits | None = None,
         out_of_space: bool = False,
+        hooks: EpisodeHooks | None = None,
+        sibling: dict[str, str] | None = None,
     ) -> None:
         self.system = system
         self.tools = tools
@@ -67,6 +77,8 @@ class Harness:
         self.code = code
         self.limits = limits or HarnessLimits()
         self.out_of_space = out_of_space
+        self.hooks = hooks or EpisodeHooks()
+        self.sibling = sibling
 
     def __repr__(self) -> str:
         return f"Harness({self.code!r})"
@@ -110,10 +122,26 @@ class Harness:
 
     @classmethod
     def named(cls, name: str, limits: HarnessLimits | None = None) -> Harness:
-        """Returns an in-space harness by code or an out-of-space harness by name."""
+        """Returns an in-space harness by code, an out-of-space harness by name, or whatever a
+        registered name resolver builds (``harness.siblings`` registers pool members ``DIR#ID``)."""
+        for handles, resolve in _NAME_RESOLVERS:
+            if handles(name):
+                return resolve(name, limits)
         if name in OUT_OF_SPACE_PRESETS:
             return cls.out_of_space_harness(name, limits)
         return cls.from_config(name, limits)
+
+
+# Other kinds of harness names, registered by the packages that build them (as levels are):
+# (does this resolver handle the name?, build it with these limits).
+_NAME_RESOLVERS: list[tuple[Callable[[str], bool], Callable[[str, HarnessLimits | None], Harness]]] = []
+
+
+def register_name_resolver(
+    handles: Callable[[str], bool], resolve: Callable[[str, HarnessLimits | None], Harness]
+) -> None:
+    """Lets ``Harness.named`` build names that ``handles`` accepts with ``resolve``."""
+    _NAME_RESOLVERS.append((handles, resolve))
 
 
 def out_of_space_names() -> list[str]:

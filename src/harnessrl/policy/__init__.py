@@ -7,7 +7,7 @@ from typing import Any
 from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
 
 POLICY_SPECS = (
-    "oracle | random | embedded | hf:<local model folder> | openai:<model>@<base url> "
+    "oracle | random | faulty | embedded | hf:<local model folder> | openai:<model>@<base url> "
     "| openai-text:<model>@<base url> | vllm:<local model folder or 'embedded'>"
 )
 
@@ -20,6 +20,10 @@ def make_policy(spec: str, seed: int = 0, **kwargs: Any) -> Policy:
         return OraclePolicy()
     if spec == "random":
         return RandomPolicy(seed=seed)
+    if spec == "faulty":
+        from harnessrl.policy.faulty import FaultyPolicy
+
+        return FaultyPolicy()
     if spec in ("embedded", "hf") or spec.startswith("hf:"):
         from harnessrl.policy.hf import HFPolicy
 

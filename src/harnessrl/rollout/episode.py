@@ -5,8 +5,10 @@ episodes (``request`` -> policy -> ``advance``, until ``done``); ``run_episode``
 loop for one episode and reads top to bottom:
 
     start:   lay out the workspace; system message and first user message (the task)
-    repeat:  render the context -> policy samples -> parse -> act in the sandbox
-             -> observation (+ reminders) -> maybe submit, review, or stop
+             (+ what the harness's start hooks show)
+    repeat:  render the context -> policy samples -> parse -> (harness rules may block
+             a call) act in the sandbox -> observation (+ reminders) -> maybe submit,
+             review, or stop
     finish:  verify the workspace and answer -> reward -> Trajectory
 
 Bad policy output never raises: it becomes an error observation in the harness's own
@@ -28,6 +30,7 @@ from harnessrl.harness.base import (
     Message,
     PromptContext,
     ToolOutput,
+    describe_call,
 )
 from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
 from harnessrl.tasks.model import prepare_workspace, verify_task
@@ -91,8 +94,12 @@ class Episode:
         ctx = PromptContext(self.task, self.harness.tools, self.harness.workflow, self.limits.max_turns)
         self.history.append(Message("system", self.harness.system.system_message(ctx), SPAN_SYSTEM, pinned=True))
         self.history.append(Message("user", self.harness.system.first_user_message(ctx), SPAN_TASK, pinned=True))
-        self.sandbox_time_s += t1 - t0
-        self.harness_time_s += time.perf_counter() - t1
+        t2 = time.perf_counter()
+        # Start hooks (sibling harnesses) show read-only command output: harness text, pinned.
+        for text in self.harness.hooks.at_start(self.state, self.sandbox):
+            self.history.append(Message("user", text, SPAN_REMINDER, pinned=True))
+        self.sandbox_time_s += t1 - t0 + time.perf_counter() - t2
+        self.harness_time_s += t2 - t1
 
     # -- one turn ------------------------------------------------------------------------
     def request(self) -> GenerationRequest | None:
@@ -175,13 +182,20 @@ class Episode:
         observations: list[str] = []
         reminders: list[str] = []
         for call in parsed.calls:
+            verdict = harness.hooks.before_call(call, state)
+            reminders += verdict.hints
             t0 = time.perf_counter()
-            output = harness.tools.execute(call, self.sandbox)
+            if verdict.blocked is not None:  # a harness rule refused it: the reason is the observation
+                output = ToolOutput(tool=call.name, output=verdict.blocked, is_error=True)
+                state.blocked_calls += 1
+            else:
+                output = harness.tools.execute(call, self.sandbox)
             self.sandbox_time_s += time.perf_counter() - t0
             self._last_outputs.append(output)
             turn.outcomes.append({"tool": call.name, "failed": output.failed, "exit_code": output.exit_code,
-                                  "submitted": output.submitted is not None})
-            state.commands.append(f"{call.name} {_short_args(call.arguments)}")
+                                  "submitted": output.submitted is not None,
+                                  **({"blocked": True} if verdict.blocked is not None else {})})
+            state.commands.append(describe_call(call))
             state.changed_paths.extend(output.changed_paths)
             if output.is_error:
                 state.tool_errors += 1
@@ -211,6 +225,7 @@ class Episode:
             task_id=self.task.id, config=self.harness.code, harness=self.harness.code,
             turns=self.turns, status=self.status, answer=self.state.answer, error=self.error,
             policy=policy_name, seed=self.seed, out_of_space=self.harness.out_of_space,
+            sibling=dict(self.harness.sibling or {}),
         )
         t0 = time.perf_counter()
         if self.status != "error":
@@ -227,17 +242,13 @@ class Episode:
             "prompt_tokens_last": len(self.turns[-1].prompt_ids) if self.turns else 0,
             "format_errors": self.state.format_errors,
             "tool_errors": self.state.tool_errors,
+            "blocked_calls": self.state.blocked_calls,
             "submits": self.state.submits,
             "commands": len(self.state.commands),
             "sandbox_time_s": round(self.sandbox_time_s, 4),
             "harness_time_s": round(self.harness_time_s, 4),
         }
         return trajectory
-
-
-def _short_args(arguments: dict) -> str:
-    text = ", ".join(f"{k}={str(v)[:80]!r}" for k, v in arguments.items())
-    return text[:200]
 
 
 def run_episode(

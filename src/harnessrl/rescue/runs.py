@@ -1,0 +1,68 @@
+"""Rollouts for the pool's own measurements: one policy, several harnesses, the same tasks, and
+the pass table they give (task -> passed, per harness and run).
+
+Evolution, validation, the compliance check and the pool analysis all measure through
+``run_grid``, so they share seeds: run r of every harness uses seed ``seed + r``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from harnessrl.harness.harness import Harness, HarnessLimits
+from harnessrl.policy.base import Policy, SamplingParams
+from harnessrl.rollout.engine import RolloutEngine, RolloutJob
+from harnessrl.tasks.model import Task
+from harnessrl.trajectory import Trajectory
+
+# Scripted policies tokenize bytewise: long gold commands need room (as in `harnessrl rollout`).
+SCRIPTED_LIMITS = HarnessLimits(max_new_tokens=16_384, context_tokens=262_144)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How the pool's rollouts run: limits, sampling, sandbox backend and concurrency."""
+
+    limits: HarnessLimits = field(default_factory=HarnessLimits)
+    temperature: float = 0.0
+    seed: int = 0
+    backend: str = "auto"
+    max_concurrent: int = 8
+    env_workers: int = 4
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, max_new_tokens=self.limits.max_new_tokens)
+
+
+def run_grid(
+    policy: Policy, harnesses: Sequence[tuple[str, Harness]], tasks: Sequence[Task], settings: RunSettings, runs: int = 1,
+) -> dict[str, list[Trajectory]]:
+    """Runs every task ``runs`` times under every harness; returns trajectories by the given
+    harness key (run r uses seed ``settings.seed + r``)."""
+    jobs = [
+        RolloutJob(task, harness, seed=settings.seed + run, tags={"key": key, "run": run})
+        for key, harness in harnesses for task in tasks for run in range(runs)
+    ]
+    if not jobs:
+        return {}
+    engine = RolloutEngine(policy, max_concurrent=settings.max_concurrent, env_workers=settings.env_workers,
+                           sampling=settings.sampling(), backend=settings.backend)
+    trajectories, _ = engine.run(jobs)
+    out: dict[str, list[Trajectory]] = defaultdict(list)
+    for job, trajectory in zip(jobs, trajectories, strict=True):
+        out[str(job.tags["key"])].append(trajectory)
+    return dict(out)
+
+
+def pass_table(trajectories: Sequence[Trajectory]) -> dict[str, bool]:
+    """Returns task -> whether any of its trajectories passed."""
+    table: dict[str, bool] = {}
+    for t in trajectories:
+        table[t.task_id] = table.get(t.task_id, False) or bool(t.passed)
+    return table
+
+
+def pass_rate(table: dict[str, bool]) -> float:
+    return sum(table.values()) / len(table) if table else 0.0

@@ -35,7 +35,8 @@ from harnessrl.rl.config import TrainConfig, load_config
 
 Logger = Callable[[str], None]
 ARM_FIELDS = ("design", "design_n", "base_harness", "pairing", "k",
-              "rescue", "rescue_k", "siblings", "router", "router_per_family", "mixture_fraction")
+              "rescue", "rescue_k", "siblings", "router", "router_per_family", "mixture_fraction",
+              "profile_voters")
 # Set by the experiment for every arm; a base config must not set them.
 MANAGED_FIELDS = ("run_dir", "seed", "eval_held_out", "eval_out_of_space", "eval_base", "eval_every")
 MARKER = "arm_result.json"
@@ -57,7 +58,8 @@ class ArmSpec(BaseModel):
         None, description="Harness-S: what replaces an all-fail group (see TrainConfig.rescue)")
     rescue_k: int | None = Field(None, ge=1, description="rollouts of a rescue group (paper: 8)")
     siblings: str | None = Field(None, description="sibling source: space or space:R (see TrainConfig.siblings)")
-    router: Literal["validation", "random"] | None = Field(None, description="sibling router")
+    router: Literal["validation", "profile", "random"] | None = Field(None, description="sibling router")
+    profile_voters: list[str] | None = Field(None, description="profile routing: voters, MODEL@URL each")
     router_per_family: bool | None = Field(None, description="validation routing per task family")
     mixture_fraction: float | None = Field(None, ge=0.0, le=1.0, description="sibling share for rescue: mixture")
 
@@ -195,7 +197,7 @@ def executor_rollouts_bound(cfg: TrainConfig) -> dict[str, int]:
     first_pass = cfg.steps * cfg.tasks_per_step * cfg.group_size
     rescue_max = cfg.steps * cfg.tasks_per_step * cfg.rescue_k if cfg.rescue in ("siblings", "h0") else 0
     validation = 0
-    if cfg.rescue == "siblings" and cfg.router == "validation":
+    if cfg.rescue == "siblings" and cfg.router in ("validation", "profile"):
         from harnessrl.design import make_design
         from harnessrl.harness.registry import default_space
 

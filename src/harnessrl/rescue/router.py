@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from harnessrl.tasks.model import Task
 
 VOTE_WEIGHTS: tuple[float, ...] = (1.0, 0.75, 0.5, 0.25)
-ROUTERS: tuple[str, ...] = ("validation", "profile", "random")
+ROUTERS: tuple[str, ...] = ("validation", "profile", "random")  # TrainConfig.router
 
 
 @dataclass(frozen=True)
@@ -223,9 +223,11 @@ Voter = Callable[[TaskInfo, Mapping[str, Mapping[str, Any]]], list[str]]
 class ProfileRouter(_RankingRouter):
     """Voters rank the siblings from their behaviour profiles; weighted votes pick the Top-K.
 
-    ``profiles`` maps a sibling to ``{"prefer": [{"when", "behavior"}...], "avoid": [...]}``.
-    A voter that fails or answers garbage is counted in ``malformed_votes`` and ignored; when
-    every voter fails the ranking falls back to the seed's tie order (all scores 0).
+    ``profiles`` maps a group harness H0 to its siblings' profiles, each ``{"prefer": [{"when",
+    "behavior"}...], "avoid": [...]}`` relative to that H0 (``anchor`` replaces them; the
+    writer is ``rescue.profiles.ProfileWriter``). A voter that fails or answers garbage is
+    counted in ``malformed_votes`` and ignored; when every voter fails the ranking falls back
+    to the seed's tie order (all scores 0).
     """
 
     name = "profile"
@@ -234,17 +236,24 @@ class ProfileRouter(_RankingRouter):
                  weights: Sequence[float] = VOTE_WEIGHTS) -> None:
         if not voters:
             raise ValueError(
-                "profile routing needs at least one voter (an OpenAI-compatible endpoint); "
+                "profile routing needs at least one voter (an OpenAI-compatible endpoint, MODEL@URL); "
                 "configure one, or use router 'validation' or 'random'"
             )
         self.voters = list(voters)
-        self.profiles: dict[str, Mapping[str, Any]] = dict(profiles or {})
+        self.profiles: dict[str, dict[str, Any]] = {h0: dict(p) for h0, p in (profiles or {}).items()}
         self.weights = tuple(weights)
         self.malformed_votes = 0
         self.votes = 0
+        self.anchored_at: list[int] = []
+
+    def anchor(self, profiles: Mapping[str, Mapping[str, Any]], step: int) -> None:
+        """Replaces the profiles (per H0: sibling -> profile) with ones written at ``step``."""
+        self.profiles = {h0: dict(p) for h0, p in profiles.items()}
+        self.anchored_at.append(step)
 
     def rank(self, task: TaskInfo, h0: str, siblings: Sequence[str], seed: int) -> list[str]:
-        shown = {name: self.profiles.get(name, {"prefer": [], "avoid": []}) for name in siblings}
+        known = self.profiles.get(h0, {})
+        shown = {name: known.get(name, {"prefer": [], "avoid": []}) for name in siblings}
         rankings: list[list[str]] = []
         for voter in self.voters:
             self.votes += 1
@@ -256,9 +265,11 @@ class ProfileRouter(_RankingRouter):
         return top_k_by_score(scores, siblings, f"{seed}:{task.task_id}")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"profiles": self.profiles, "malformed_votes": self.malformed_votes, "votes": self.votes}
+        return {"profiles": self.profiles, "malformed_votes": self.malformed_votes, "votes": self.votes,
+                "anchored_at": self.anchored_at}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.profiles = dict(state.get("profiles", {}))
+        self.profiles = {h0: dict(p) for h0, p in state.get("profiles", {}).items()}
         self.malformed_votes = int(state.get("malformed_votes", 0))
         self.votes = int(state.get("votes", 0))
+        self.anchored_at = list(state.get("anchored_at", []))

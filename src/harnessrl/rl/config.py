@@ -117,10 +117,19 @@ class TrainConfig(BaseModel):
         description="where a group's siblings come from: 'space' (its Hamming-1 neighbours in the harness space), "
         "'space:R' (distance <= R)",
     )
-    router: Literal["validation", "random"] = Field(
+    router: Literal["validation", "profile", "random"] = Field(
         "validation",
         description="how siblings are picked: validation (paired validation margin over the group's harness; "
-        "Harness-S' public recipes) or random (the routing ablation)",
+        "Harness-S' public recipes), profile (LLM voters rank siblings from behaviour profiles written at each "
+        "anchor; the paper's full method; needs profile_voters) or random (the routing ablation)",
+    )
+    profile_voters: list[str] = Field(
+        default_factory=list,
+        description="profile routing: the voters, each MODEL@URL of an OpenAI-compatible endpoint (repeat one "
+        "endpoint to get voters that differ by seed)",
+    )
+    profile_writer: str | None = Field(
+        None, description="profile routing: MODEL@URL that writes the behaviour profiles (default: the first voter)"
     )
     router_per_family: bool = Field(False, description="validation routing per task family where it has evidence")
     rescue_validation_tasks: int = Field(
@@ -168,6 +177,9 @@ class TrainConfig(BaseModel):
         if self.rescue != "none" and self.algorithm != "grpo":
             raise ValueError(f"rescue {self.rescue!r} replaces GRPO groups: it needs algorithm 'grpo', not "
                              f"{self.algorithm!r}; set rescue: none for PPO")
+        if self.rescue == "siblings" and self.router == "profile" and not self.profile_voters:
+            raise ValueError("router 'profile' needs profile_voters: MODEL@URL of one or more OpenAI-compatible "
+                             "endpoints (e.g. a `harnessrl serve` of a local model); or use router: validation")
         kind, _, radius = self.siblings.partition(":")
         if kind != "space" or (radius and not (radius.isdigit() and int(radius) >= 1)):
             raise ValueError(f"siblings must be 'space' or 'space:R' with R >= 1, got {self.siblings!r}")

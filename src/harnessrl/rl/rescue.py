@@ -31,8 +31,9 @@ from harnessrl.rescue.groups import (
     mixture_harnesses,
     plan_rescue,
 )
+from harnessrl.rescue.profiles import ProfileWriter, client_from_spec, llm_voter
 from harnessrl.rescue.rank1 import paired_validation
-from harnessrl.rescue.router import RandomRouter, Router, ValidationRouter
+from harnessrl.rescue.router import ProfileRouter, RandomRouter, Router, ValidationRouter
 from harnessrl.rl.config import TrainConfig
 from harnessrl.rollout.engine import RolloutJob
 from harnessrl.tasks.model import Task
@@ -61,10 +62,16 @@ class Rescue:
         _, _, radius = cfg.siblings.partition(":")
         self.radius = int(radius) if radius else 1
         self._siblings: dict[str, list[str]] = {}
-        self.router: Router = (
-            ValidationRouter(per_family=cfg.router_per_family, track=self.group_harnesses)
-            if cfg.router == "validation" else RandomRouter()
-        )
+        self.writer: ProfileWriter | None = None
+        self.router: Router
+        if cfg.router == "validation":
+            self.router = ValidationRouter(per_family=cfg.router_per_family, track=self.group_harnesses)
+        elif cfg.router == "profile":
+            voters = [llm_voter(client_from_spec(spec), seed=cfg.seed + i) for i, spec in enumerate(cfg.profile_voters)]
+            self.router = ProfileRouter(voters)
+            self.writer = ProfileWriter(client_from_spec(cfg.profile_writer or cfg.profile_voters[0]))
+        else:
+            self.router = RandomRouter()
         self.last_anchor: int | None = None
 
     # -- siblings ------------------------------------------------------------------------------
@@ -82,8 +89,9 @@ class Rescue:
     # -- paired validation (anchoring) -----------------------------------------------------------
     @property
     def anchors(self) -> bool:
-        """True when the router runs on paired validation evidence (sibling rescue, validation routing)."""
-        return isinstance(self.router, ValidationRouter) and self.cfg.rescue == "siblings"
+        """True when the router runs on paired validation evidence (sibling rescue with
+        validation or profile routing)."""
+        return isinstance(self.router, ValidationRouter | ProfileRouter) and self.cfg.rescue == "siblings"
 
     def needs_anchor(self, step: int) -> bool:
         """True when the router's evidence is due: before the first update, then every
@@ -103,19 +111,31 @@ class Rescue:
         return list(dict.fromkeys(names))
 
     def anchor(self, step: int, run_jobs: RunJobs) -> dict[str, Any]:
-        """Runs the paired validation with the current policy and re-anchors the router;
-        returns a summary (episodes, per-harness success, margins over each group harness)."""
-        assert isinstance(self.router, ValidationRouter)
+        """Runs the paired validation with the current policy and re-anchors the router (its
+        margins, or the profiles written from the paired runs); returns a summary."""
         names = self.validation_harnesses()
         self.log(f"rescue: paired validation at step {step}: {len(names)} harnesses x "
                  f"{len(self.validation_tasks)} tasks")
+        runs: dict[str, dict[str, Trajectory]] = {}
         record = paired_validation(run_jobs, self.harness_of, names, self.validation_tasks,
-                                   lambda i: self.seed_of(step, 10_000_000 + i), step=step)
-        self.router.anchor(record)
+                                   lambda i: self.seed_of(step, 10_000_000 + i), step=step, keep=runs)
         self.last_anchor = step
         success = {name: sum(o.values()) / len(o) for name, o in record.outcomes.items() if o}
-        episodes = len(names) * len(self.validation_tasks)
-        return {"step": step, "episodes": episodes, "success": success, "margins": self.router.history[-1]["margins"]}
+        summary: dict[str, Any] = {"step": step, "episodes": len(names) * len(self.validation_tasks),
+                                   "success": success}
+        if isinstance(self.router, ValidationRouter):
+            self.router.anchor(record)
+            summary["margins"] = self.router.history[-1]["margins"]
+        elif isinstance(self.router, ProfileRouter) and self.writer is not None:
+            profiles = {}
+            for h0 in self.group_harnesses:
+                wanted = {h0, *self.siblings_of(h0)}
+                profiles[h0] = self.writer.profiles(h0, {n: r for n, r in runs.items() if n in wanted},
+                                                    self.validation_tasks)
+            self.router.anchor(profiles, step)
+            summary["margins"] = {h0: record.margins(h0) for h0 in self.group_harnesses}
+            summary["profiles_dropped"] = self.writer.dropped
+        return summary
 
     # -- the rescue pass -----------------------------------------------------------------------
     def rescue(

@@ -7,7 +7,7 @@ import pytest
 
 from harnessrl.harness.harness import Harness, HarnessLimits
 from harnessrl.policy.scripted import OraclePolicy
-from harnessrl.rescue.profiles import ProfileWriter, client_from_spec, llm_voter
+from harnessrl.rescue.profiles import ProfileWriter, client_from_spec, llm_voter, require_reachable
 from harnessrl.rescue.rank1 import EngineSettings, paired_validation, run_with
 from harnessrl.rescue.router import ProfileRouter, TaskInfo
 from harnessrl.rl.config import TrainConfig
@@ -61,9 +61,12 @@ def test_garbage_profiles_and_votes_are_counted_never_a_crash():
         assert writer.profile(SIBLINGS[0], H0, []) == {"prefer": [], "avoid": []}
         router = ProfileRouter([llm_voter(client_from_spec(f"voter@{server.base_url}"))])
         ranking = router.route(TaskInfo(tasks[0].id), H0, SIBLINGS, 3, seed=0)
+        require_reachable(client_from_spec(f"m@{server.base_url}"))  # the served app answers /v1/models
     assert writer.dropped == 1 and router.malformed_votes == 1 and sorted(ranking) == sorted(SIBLINGS)
     with pytest.raises(ValueError, match="expected MODEL@URL"):
         client_from_spec("http://127.0.0.1:8000")
+    with pytest.raises(ValueError, match="does not answer"):
+        require_reachable(client_from_spec("m@http://127.0.0.1:9"), timeout_s=2)
 
 
 def test_profile_routing_without_voters_refuses_to_start():

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
+
 from harnessrl.rescue.diagnose import excerpt
 from harnessrl.rescue.llm import ChatClient, fill, json_answer, prompt_template
 from harnessrl.rescue.router import TaskInfo, Voter
@@ -32,6 +34,17 @@ def client_from_spec(spec: str, temperature: float = 0.6) -> ChatClient:
     if not sep or not model or not url:
         raise ValueError(f"endpoint {spec!r}: expected MODEL@URL, e.g. embedded@http://127.0.0.1:8000")
     return ChatClient(url, model, temperature=temperature)
+
+
+def require_reachable(client: ChatClient, timeout_s: float = 10.0) -> None:
+    """Raises ``ValueError`` naming the fix when the endpoint does not answer ``GET /v1/models``
+    (a run must not route on a voter that is not there: every vote would be dropped)."""
+    base = client.endpoint.removesuffix("/chat/completions")
+    try:
+        httpx.get(f"{base}/models", timeout=timeout_s).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise ValueError(f"profile routing endpoint {base} does not answer ({type(exc).__name__}: {exc}); start "
+                         "it first (e.g. `harnessrl serve --port 8000 &`) or use router: validation") from None
 
 
 def _entries(value: Any, where: str) -> list[dict[str, str]]:

@@ -31,7 +31,7 @@ from harnessrl.rescue.groups import (
     mixture_harnesses,
     plan_rescue,
 )
-from harnessrl.rescue.profiles import ProfileWriter, client_from_spec, llm_voter
+from harnessrl.rescue.profiles import ProfileWriter, client_from_spec, llm_voter, require_reachable
 from harnessrl.rescue.rank1 import paired_validation
 from harnessrl.rescue.router import ProfileRouter, RandomRouter, Router, ValidationRouter
 from harnessrl.rl.config import TrainConfig
@@ -67,9 +67,12 @@ class Rescue:
         if cfg.router == "validation":
             self.router = ValidationRouter(per_family=cfg.router_per_family, track=self.group_harnesses)
         elif cfg.router == "profile":
-            voters = [llm_voter(client_from_spec(spec), seed=cfg.seed + i) for i, spec in enumerate(cfg.profile_voters)]
-            self.router = ProfileRouter(voters)
-            self.writer = ProfileWriter(client_from_spec(cfg.profile_writer or cfg.profile_voters[0]))
+            clients = [client_from_spec(spec) for spec in cfg.profile_voters]
+            writer = client_from_spec(cfg.profile_writer or cfg.profile_voters[0])
+            for client in {c.endpoint: c for c in [*clients, writer]}.values():
+                require_reachable(client)
+            self.router = ProfileRouter([llm_voter(c, seed=cfg.seed + i) for i, c in enumerate(clients)])
+            self.writer = ProfileWriter(writer)
         else:
             self.router = RandomRouter()
         self.last_anchor: int | None = None

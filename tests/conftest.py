@@ -49,9 +49,9 @@ def tiny_model(tmp_path_factory):
 
 def usable_backend_or_skip(name: str) -> str:
     """Returns sandbox backend ``name`` when this machine can run it, else skips the test."""
-    from harnessrl import sandbox
+    from harnessrl.sandbox.backends import probe_backend
 
-    usable, _uid, reason = sandbox._probe(name)
+    usable, _uid, reason = probe_backend(name)
     if not usable:
         pytest.skip(f"backend {name} is not usable on this machine: {reason}")
     return name

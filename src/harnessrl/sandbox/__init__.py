@@ -20,6 +20,7 @@ from harnessrl.sandbox.api import (
     SandboxLimits,
     SandboxMount,
     SandboxUnavailableError,
+    check_backend_name,
 )
 from harnessrl.sandbox.backends import available_backends, open_sandbox
 from harnessrl.sandbox.base import Sandbox
@@ -40,6 +41,7 @@ __all__ = [
     "SandboxUnavailableError",
     "Workspace",
     "available_backends",
+    "check_backend_name",
     "open_sandbox",
     "others_can_search",
     "sandbox_env",

@@ -55,8 +55,8 @@ class SandboxLimits:
     output_bytes: int = 65536
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.timeout_s, int | float) and math.isfinite(self.timeout_s)
-                and self.timeout_s > 0):
+        if not (isinstance(self.timeout_s, int | float) and not isinstance(self.timeout_s, bool)
+                and math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"SandboxLimits.timeout_s must be a positive number, got {self.timeout_s!r}")
         for name in ("cpu_s", "memory_mb", "max_processes", "file_size_mb", "output_bytes"):
             value = getattr(self, name)
@@ -120,6 +120,24 @@ class SandboxMount:
                     " itself; mount somewhere else, e.g. under /opt or /run")
         if not os.path.isdir(self.source):
             raise ValueError(f"SandboxMount source {self.source!r} is not a directory")
+
+
+def check_backend_name(name: object) -> str:
+    """Returns ``name`` if it names a backend `open_sandbox` takes ("auto" or one of
+    `BACKENDS`); raises ValueError naming the choices otherwise (for configs to check early)."""
+    if not isinstance(name, str) or name not in ("auto", *BACKENDS):
+        raise ValueError(f"unknown sandbox backend {name!r}; choose one of auto, {', '.join(BACKENDS)}")
+    return name
+
+
+def check_mounts(mounts: tuple[SandboxMount, ...]) -> None:
+    """Raises ValueError if ``mounts`` are too many for one sandbox or overlap each other."""
+    if len(mounts) > MAX_MOUNTS:
+        raise ValueError(f"a sandbox takes at most {MAX_MOUNTS} extra mounts, got {len(mounts)}")
+    targets = [mount.target for mount in mounts]
+    for index, target in enumerate(targets):
+        if any(is_within(target, other) or is_within(other, target) for other in targets[:index]):
+            raise ValueError(f"SandboxMount targets overlap: {target!r} and another mount")
 
 
 def checked_env(env: dict[str, str] | None) -> dict[str, str]:

@@ -11,14 +11,13 @@ import warnings
 from collections.abc import Sequence
 
 from harnessrl.sandbox.api import (
-    BACKENDS,
-    MAX_MOUNTS,
     SANDBOX_HOST_UID,
     SandboxLimits,
     SandboxMount,
     SandboxUnavailableError,
+    check_backend_name,
+    check_mounts,
     checked_env,
-    is_within,
 )
 from harnessrl.sandbox.base import Sandbox
 from harnessrl.sandbox.isolation import bwrap_argv, mount_plan, unshare_setup_script
@@ -156,17 +155,11 @@ def open_sandbox(workspace: Workspace | None = None, backend: str = "auto",
     filesystem of its own) and ``env`` adds or overrides variables of the commands' otherwise
     fixed environment. Raises `SandboxUnavailableError` when the backend cannot run here.
     """
-    if backend not in ("auto", *BACKENDS):
-        raise ValueError(f"unknown sandbox backend {backend!r}; choose one of auto, {', '.join(BACKENDS)}")
+    check_backend_name(backend)
     limits = limits if limits is not None else SandboxLimits()
     mounts = tuple(mounts)
     env = checked_env(env)
-    targets = [mount.target for mount in mounts]
-    for index, target in enumerate(targets):
-        if any(is_within(target, other) or is_within(other, target) for other in targets[:index]):
-            raise ValueError(f"SandboxMount targets overlap: {target!r} and another mount")
-    if len(mounts) > MAX_MOUNTS:
-        raise ValueError(f"a sandbox takes at most {MAX_MOUNTS} extra mounts, got {len(mounts)}")
+    check_mounts(mounts)
     if mounts and backend == "none":
         raise ValueError("sandbox backend 'none' cannot show extra mounts; use bwrap or unshare")
     chosen, host_uid = backend, None

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import stat
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
-from harnessrl.sandbox.api import ExecResult, SandboxError, SandboxLimits
+from harnessrl.sandbox.api import ExecResult, SandboxError, SandboxLimits, SandboxMount
 from harnessrl.sandbox.workspace import Workspace
 
 
@@ -34,6 +35,16 @@ class Sandbox(ABC):
 
         The working directory persists across calls (like one shell session); environment
         changes do not. ``timeout`` overrides ``limits.timeout_s`` for this call.
+        """
+
+    @abstractmethod
+    def restart(self, mounts: Sequence[SandboxMount] = ()) -> None:
+        """End every process of this sandbox, then start a fresh session over the same workspace.
+
+        What the episode left running (background jobs, daemons) is gone when this returns, the
+        shell starts again in the workspace root, and the new session also shows ``mounts``
+        (read-only unless asked) until the next restart. Verification calls it before any
+        check runs. Raises `SandboxError` when the old processes cannot be shown to be gone.
         """
 
     @abstractmethod

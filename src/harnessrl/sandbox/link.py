@@ -88,28 +88,49 @@ class OutputCapture:
 
 class ShellReport:
     """What a shell writes to its report pipe: ``r NUL`` when it has taken the command, then
-    ``s<status> NUL <pwd> NUL`` from its EXIT trap (see `CommandServer`)."""
+    ``d<pwd> NUL`` from its EXIT trap (see `CommandServer`). Any sandboxed process can write
+    here too, so nothing in it decides a result: it only says whether the shell took the
+    command and where the next one starts."""
 
     def __init__(self) -> None:
         self.buffer = b""
         self.started = False
-        self.status: int | None = None
         self.cwd: str | None = None
 
     def feed(self, chunk: bytes) -> None:
-        self.buffer += chunk
-        fields = self.buffer.split(b"\0")
-        if fields[0] == b"r" and len(fields) >= 2:
+        self.buffer = (self.buffer + chunk)[-_REPORT_BYTES:]
+        fields = self.buffer.split(b"\0")[:-1]  # complete fields only
+        if fields and fields[0] == b"r":
             self.started = True
-            fields = fields[1:]
-        if self.started and self.status is None and len(fields) >= 3 and fields[0][:1] == b"s" \
-                and fields[0][1:].isdigit():
-            self.status = int(fields[0][1:])
-            self.cwd = fields[1].decode("utf-8", "surrogateescape")
+        for field in reversed(fields):
+            if field[:1] == b"d" and field[1:2] == b"/":
+                self.cwd = field[1:].decode("utf-8", "surrogateescape")
+                break
+
+
+_REPORT_BYTES = 1 << 16  # what a report may hold: a path, and whatever else got written there
+_MAX_SPARES = 2  # the server offers one shell at a time; more is not the server speaking
+_MAX_EXITS = 16  # exit statuses kept for shells the host has not taken yet
+
+
+class MalformedMessage(ServerGone):
+    """The control link carried something the server never sends: the link is not trusted."""
+
+
+def _int_field(message: dict[str, Any], name: str) -> int:
+    value = message.get(name)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise MalformedMessage(f"field {name!r} is {value!r}, not an integer")
+    return value
 
 
 class ServerLink:
-    """Host-side handle of one running `CommandServer`: process, control socket, spare shells."""
+    """Host-side handle of one running `CommandServer`: process, control socket, spare shells.
+
+    Every message is checked against what the server sends; anything else (undecodable bytes,
+    JSON that is not such a message, a shell offer without its five descriptors, too many
+    offers) raises `MalformedMessage`, and the caller stops this server.
+    """
 
     def __init__(self, process: subprocess.Popen[bytes], control: socket.socket) -> None:
         self.process = process
@@ -118,7 +139,7 @@ class ServerLink:
         self.spares: list[SpareShell] = []
         self.active_sid = -1
         self.cleared = False  # the server finished a kill/clear for the active shell
-        self.status_reply: tuple[bool, int | None] | None = None  # answer to "status": (running, code)
+        self.exit_codes: dict[int, int] = {}  # sid -> exit status, from the server's waitpid
 
     def send(self, message: dict[str, Any]) -> None:
         try:
@@ -141,27 +162,46 @@ class ServerLink:
         for level, kind, payload in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.extend(array.array("i", payload[: len(payload) - len(payload) % 4]))
-        if not data:
+        try:
+            self._handle(data, fds)
+        except BaseException:
             for fd in fds:
-                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            raise
+        return True
+
+    def _handle(self, data: bytes, fds: list[int]) -> None:
+        """Act on one message; ``fds`` are closed by the caller unless a spare took them."""
+        if not data:
             raise ServerGone("the sandbox server closed its control socket")
-        message = json.loads(data.decode("utf-8"))
-        sid = message.get("sid")
-        if "shell" in message and len(fds) == 5:
-            self.spares.append(SpareShell(sid, message["pid"], *fds))
-            return True
-        for fd in fds:
-            os.close(fd)
+        try:
+            message = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise MalformedMessage(f"undecodable message ({exc})") from None
+        if not isinstance(message, dict):
+            raise MalformedMessage(f"a {type(message).__name__} instead of a message")
+        if "shell" in message:
+            if len(fds) != 5 or len(self.spares) >= _MAX_SPARES:
+                raise MalformedMessage(f"a shell offer with {len(fds)} descriptors")
+            self.spares.append(SpareShell(_int_field(message, "sid"), _int_field(message, "pid"), *fds))
+            fds.clear()
+            return
+        if fds:
+            raise MalformedMessage("descriptors with a message that carries none")
         if "ready" in message:
             self.ready = True
         elif "error" in message:
-            raise ServerGone(str(message["error"]))
-        elif "cleared" in message and sid == self.active_sid:
-            self.cleared = True
-        elif "status" in message and sid == self.active_sid:
-            code = message.get("code")
-            self.status_reply = (bool(message.get("running")), code if isinstance(code, int) else None)
-        return True
+            raise ServerGone(str(message["error"])[:500])
+        elif "exited" in message:
+            self.exit_codes[_int_field(message, "sid")] = _int_field(message, "code")
+            while len(self.exit_codes) > _MAX_EXITS:
+                del self.exit_codes[next(iter(self.exit_codes))]
+        elif "cleared" in message:
+            if _int_field(message, "sid") == self.active_sid:
+                self.cleared = True
+        else:
+            raise MalformedMessage(f"unknown message {sorted(message)[:5]}")
 
     def take_shell(self, deadline: float) -> SpareShell:
         """The next spare shell, waiting for the server to offer one if needed."""
@@ -173,26 +213,35 @@ class ServerLink:
                 raise ServerGone("the sandbox server offered no shell in time")
             self.receive(remaining)
         shell = self.spares.pop(0)
-        self.active_sid, self.cleared, self.status_reply = shell.sid, False, None
+        self.active_sid, self.cleared = shell.sid, False
         return shell
 
-    def stop(self) -> None:
-        """Close the control socket (the server then ends every sandboxed process); make sure."""
+    def stop(self, grace_s: float = 2.0) -> bool:
+        """Close the control socket (the server then ends every sandboxed process); make sure.
+
+        Returns True when the launched process exited by itself within ``grace_s``: pid 1 of a
+        pid namespace is reaped only after every other process in it is gone, so then nothing
+        of the sandbox is left. False when it had to be killed (its namespace then dies
+        shortly after, without a guarantee of when)."""
         with contextlib.suppress(OSError):
             self.control.close()
         for shell in self.spares:
             shell.close()
         self.spares.clear()
         try:
-            self.process.wait(timeout=2.0)
+            self.process.wait(timeout=grace_s)
+            return True
         except subprocess.TimeoutExpired:
             with contextlib.suppress(OSError):
                 self.process.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=5.0)
+            return False
 
 
-def stop_servers(holder: list[ServerLink]) -> None:
+def stop_servers(holder: list[ServerLink], grace_s: float = 2.0) -> bool:
+    """Stop every server in ``holder``; True when each ended by itself (see `ServerLink.stop`)."""
+    ended = True
     while holder:
-        holder.pop().stop()
-
+        ended = holder.pop().stop(grace_s) and ended
+    return ended

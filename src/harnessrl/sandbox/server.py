@@ -9,6 +9,7 @@ Python >= 3.8 (the sandbox's system interpreter).
 from __future__ import annotations
 
 import array
+import contextlib
 import json
 import os
 import resource
@@ -19,34 +20,34 @@ import time
 
 
 class CommandServer:
-    """Prepares, tracks and kills the shells of one sandbox; started once per episode.
+    """Prepares, tracks and kills the shells of one sandbox; started once per session.
 
     Shipped to the sandbox as this file's source (`harnessrl.sandbox.link.server_source`) and
     run by the system ``python3 -I -S``, so it may import only the standard library and must
-    run on Python >= 3.8. It is pid 1 of the sandbox's pid namespace.
+    run on Python >= 3.8. It is pid 1 of the sandbox's pid namespace, and not dumpable
+    (``PR_SET_DUMPABLE`` 0): the commands it runs, which have no capabilities, can neither
+    trace it, nor open its ``/proc/1/mem`` or ``/proc/1/fd``, nor take its control socket with
+    ``pidfd_getfd``.
 
-    The server stays off each command's critical path. It keeps one *spare* shell ready for the
-    host. Spares are forked by a long-lived *master* bash (forking an initialized bash costs a
-    fraction of starting one): the master has job control on, so each spare is its own process
-    group, with the limits the master set with ``ulimit``. For each spare the server makes the
-    pipes (stdout, stderr, a report pipe, a go pipe) and a memfd for the command, and tells the
-    master their fd numbers; the master opens them through ``/proc/<server>/fd``, forks the
-    spare and answers with its pid. The host-side ends travel to the host over the control
-    socket (SCM_RIGHTS). The spare blocks reading one byte from fd 99. The host writes ``cwd NUL
-    command`` into the memfd and then the byte, and reads the output itself. The spare writes
-    ``r NUL`` to the report pipe (fd 97) once it has the command (a spare that dies before that
-    never ran it: the host retries on the next one), ``cd``s, traps EXIT to write ``s<status>
-    NUL <pwd> NUL`` there and ``eval``s the command. When a spare ends without that report (it
-    ``exec``ed, or was killed) the host asks for its status, which the master shell still has
-    (``wait <pid>``).
+    The server stays off each command's critical path: it keeps one *spare* shell ready for
+    the host, started ahead of time as its own child (``bash -c`` with the limits applied by
+    ``ulimit``, in its own session and process group). For each spare the server makes the
+    pipes (stdout, stderr, a report pipe, a go pipe) and a memfd for the command; the host-side
+    ends travel to the host over the control socket (SCM_RIGHTS). The spare blocks reading one
+    byte from fd 99. The host writes ``cwd NUL command`` into the memfd and then the byte, and
+    reads the output itself. The spare writes ``r NUL`` to the report pipe (fd 97) once it has
+    the command (a spare that dies before that never ran it: the host retries on the next
+    one), ``cd``s, traps EXIT to write ``d<pwd> NUL`` there and ``eval``s the command. The exit
+    status never comes from that pipe, which any sandboxed process can open through
+    ``/proc/<pid>/fd``: the server waits for its child and sends the status itself.
 
     Control messages are JSON packets. Server to host: ``ready``; ``shell`` (with the fds);
-    ``cleared`` (after ``kill`` or ``clear``); ``status``. Host to server: ``started`` or
-    ``dead`` (the host took a spare, or found it dead: prepare the next one); ``status`` (the
-    exit status of a spare that did not report one); ``kill`` (kill the command's process
-    group and whatever holds its output: the timeout); ``clear`` (kill whatever still holds the
-    output after the command finished). EOF on the socket ends the server and, as pid 1, every
-    process in the sandbox.
+    ``exited`` (a shell's exit status); ``cleared`` (after ``kill`` or ``clear``). Host to
+    server: ``started`` or ``dead`` (the host took a spare, or found it dead: prepare the next
+    one); ``kill`` (kill the command's process group and whatever holds its output: the
+    timeout); ``clear`` (kill whatever still holds the output after the command finished).
+    EOF, or anything that is not such a message, ends the server and, as pid 1, every process
+    in the sandbox.
     """
 
     def __init__(self, config: dict, control) -> None:
@@ -57,10 +58,12 @@ class CommandServer:
         self.limits = config["limits"]
         self.harden = bool(config["harden"])
         self.null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
-        self.master = None  # {"pid", "pidfd", "slots", "acks", "jobs"}
+        self.spares: dict = {}  # pid -> sid of every shell not reaped yet
         self.pgids: set = set()
         self.next_sid = 0
         self.poller = select.poll()
+        self.wakeup = os.pipe()  # SIGCHLD wakes the poll through this pipe
+        self.script = ""
 
     @classmethod
     def main(cls) -> None:
@@ -71,16 +74,24 @@ class CommandServer:
     def serve(self) -> None:
         if self.harden:
             self.drop_privileges()
+        self.make_undumpable()
         os.chdir(self.root)
+        self.script = self.spare_script()
+        for fd in self.wakeup:
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(self.wakeup[1])
+        signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
         self.poller.register(0, select.POLLIN)
+        self.poller.register(self.wakeup[0], select.POLLIN)
         self.send({"ready": True, "pid": os.getpid()})
         self.offer_shell()
         while True:
             for fd, _event in self.poller.poll(1000):
                 if fd == 0:
                     self.handle_message()
-                elif self.master is not None and fd == self.master["pidfd"]:
-                    self.drop_master()
+                elif fd == self.wakeup[0]:
+                    with contextlib.suppress(OSError):
+                        os.read(fd, 4096)
             self.reap()
 
     def send(self, message: dict, fds=()) -> None:
@@ -96,19 +107,20 @@ class CommandServer:
             data = self.control.recv(1 << 16)
         except OSError:
             data = b""
-        if not data:
+        try:
+            message = json.loads(data.decode("utf-8"))
+            if not isinstance(message, dict):
+                raise ValueError("not a message")
+            if "started" in message or "dead" in message:
+                self.offer_shell()
+            elif "kill" in message or "clear" in message:
+                pgid, inodes = int(message["pgid"]), [int(inode) for inode in message["inodes"]]
+                if "kill" in message:
+                    self.kill_group(pgid)
+                self.kill_holders(pgid, inodes)
+                self.send({"cleared": True, "sid": message.get("sid")})
+        except (ValueError, KeyError, TypeError):  # EOF or not a message: the link is gone
             self.shutdown()
-        message = json.loads(data.decode("utf-8"))
-        if "started" in message or "dead" in message:
-            self.offer_shell()
-        elif "status" in message:
-            running, code = self.job_status(message["pgid"])
-            self.send({"status": True, "sid": message.get("sid"), "code": code, "running": running})
-        elif "kill" in message or "clear" in message:
-            if "kill" in message:
-                self.kill_group(message["pgid"])
-            self.kill_holders(message["pgid"], message["inodes"])
-            self.send({"cleared": True, "sid": message.get("sid")})
 
     def shutdown(self) -> None:
         for pgid in self.pgids:
@@ -118,8 +130,8 @@ class CommandServer:
                 continue
         os._exit(0)
 
-    # ---- the master bash and its spares ----
-    def master_script(self) -> str:
+    # ---- the spare shells ----
+    def spare_script(self) -> str:
         def capped(which: int, value: int) -> int:
             hard = resource.getrlimit(which)[1]
             return value if hard == resource.RLIM_INFINITY else min(value, hard)
@@ -130,9 +142,10 @@ class CommandServer:
         memory_kb = capped(resource.RLIMIT_AS, limits["memory_mb"] << 20) >> 10
         processes = capped(resource.RLIMIT_NPROC, limits["max_processes"])
         file_kb = capped(resource.RLIMIT_FSIZE, limits["file_size_mb"] << 20) >> 10
-        fd_dir = "/proc/" + str(os.getpid()) + "/fd/"
-        spare = "; ".join([
-            "unset __o __e __r __s __g",
+        return "; ".join([  # one line: bash counts lines from the start of the script
+            f"ulimit -S -t {cpu} && ulimit -H -t {cpu_hard} && ulimit -v {memory_kb}"
+            f" && ulimit -u {processes} && ulimit -f {file_kb} && ulimit -c 0"
+            " || { echo 'harnessrl sandbox: cannot apply resource limits' >&2; exit 126; }",
             "read -r -n 1 -u 99 __harnessrl_go || exit 0",
             "unset __harnessrl_go",
             "exec 99<&-",
@@ -141,125 +154,37 @@ class CommandServer:
             "exec 98<&-",
             "printf 'r\\0' 2>/dev/null >&97",
             'cd -- "$__harnessrl_cwd" 2>/dev/null || cd -- ' + self.quote(self.root),
-            "trap 'printf \"s%s\\0%s\\0\" \"$?\" \"$PWD\" 2>/dev/null >&97' EXIT",
+            "trap 'printf \"d%s\\0\" \"$PWD\" 2>/dev/null >&97' EXIT",
             'eval "unset __harnessrl_cwd __harnessrl_cmd; $__harnessrl_cmd"',
         ])
-        opened = " ".join(
-            f'{fd}{mode}"{fd_dir}${name}"'
-            for fd, mode, name in ((90, ">", "__o"), (91, ">", "__e"), (92, ">", "__r"),
-                                   (93, "<", "__s"), (94, "<", "__g"))
-        )
-        return " ".join([  # one line too: bash counts lines from the start of the script
-            f"ulimit -S -t {cpu} && ulimit -H -t {cpu_hard} && ulimit -v {memory_kb}"
-            f" && ulimit -u {processes} && ulimit -f {file_kb} && ulimit -c 0"
-            " || { echo 'harnessrl sandbox: cannot apply resource limits' >&2; exit 126; };",
-            "set -m;",
-            "while read -r -u 3 __o __e __r __s __g; do",
-            # "? <pid>": the exit status of a spare that ended without reporting it (exec, kill).
-            'if [ "$__o" = "?" ]; then wait "$__e"; echo "$?" >&4; continue; fi;',
-            f"exec {opened} || {{ echo 0 >&4; continue; }};",
-            "(" + spare + ") 1>&90 2>&91 97>&92 98<&93 99<&94 90>&- 91>&- 92>&- 93<&- 94<&-"
-            " 3<&- 4>&- </dev/null &",
-            "exec 90>&- 91>&- 92>&- 93<&- 94<&-;",
-            'echo "$!" >&4;',
-            "done",
-        ])
 
-    def start_master(self) -> dict:
-        slots_r, slots_w = os.pipe()
-        acks_r, acks_w = os.pipe()
-        argv = [self.shell, "-c", self.master_script()]
-        pairs = ((self.null, 0), (self.null, 1), (self.null, 2), (slots_r, 3), (acks_w, 4))
+    def start_spare(self, fds: list):
+        """Start a spare shell on these fds (ours: stdout, stderr, report, script, go); its
+        pid, or None if it could not start."""
+        argv = [self.shell, "-c", self.script]
+        pairs = ((self.null, 0), (fds[0], 1), (fds[1], 2), (fds[2], 97), (fds[3], 98), (fds[4], 99))
         try:
-            pid = os.posix_spawn(
+            return os.posix_spawn(
                 self.shell, argv, self.env, setsid=True,
                 setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
                 file_actions=[(os.POSIX_SPAWN_DUP2, src, dst) for src, dst in pairs],
             )
         except (AttributeError, NotImplementedError, TypeError):
-            pid = os.fork()  # no posix_spawn with setsid (old libc): the slow, equivalent path
-            if pid == 0:
-                try:
-                    os.setsid()
-                    for src, dst in pairs:
-                        os.dup2(src, dst)
-                    for signum in (signal.SIGPIPE, signal.SIGXFSZ):
-                        signal.signal(signum, signal.SIG_DFL)
-                    os.execve(self.shell, argv, self.env)
-                finally:
-                    os._exit(127)
-        os.close(slots_r)
-        os.close(acks_w)
-        pidfd = -1
-        if hasattr(os, "pidfd_open"):
-            try:
-                pidfd = os.pidfd_open(pid)
-                self.poller.register(pidfd, select.POLLIN)
-            except OSError:
-                pidfd = -1
-        self.track_group(pid)
-        return {"pid": pid, "pidfd": pidfd, "slots": slots_w, "acks": acks_r, "jobs": {}}
-
-    def drop_master(self) -> None:
-        master, self.master = self.master, None
-        if master is None:
-            return
-        if master["pidfd"] >= 0:
-            self.poller.unregister(master["pidfd"])
-            os.close(master["pidfd"])
-        os.close(master["slots"])
-        os.close(master["acks"])
-        try:
-            os.kill(master["pid"], signal.SIGKILL)
+            pass  # no posix_spawn with setsid (old libc): the slow, equivalent path below
         except OSError:
-            return
-
-    def ask_master(self, line: str, timeout_s: float):
-        """Send one line to the master shell; its one-line answer as an int, or None."""
-        master = self.master
-        if master is None:
             return None
-        try:
-            os.write(master["slots"], (line + "\n").encode())
-            answer = b""
-            while not answer.endswith(b"\n"):
-                ready = select.select([master["acks"]], [], [], timeout_s)[0]
-                chunk = os.read(master["acks"], 64) if ready else b""
-                if not chunk:
-                    raise OSError("the master shell did not answer")
-                answer += chunk
-            return int(answer)
-        except (OSError, ValueError):
-            self.drop_master()
-            return None
-
-    def fork_spare(self, fds: list):
-        """Have the master fork a spare on these fds (ours); its pid, or None if it failed."""
-        if self.master is None:
-            self.master = self.start_master()
-        master = self.master
-        pid = self.ask_master(" ".join(str(fd) for fd in fds), 10.0)
-        if pid is None or pid <= 0:
-            return None
-        master["jobs"][pid] = None  # an ordered set: bash remembers only recent statuses
-        if len(master["jobs"]) > 256:
-            del master["jobs"][next(iter(master["jobs"]))]
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setsid()
+                for src, dst in pairs:
+                    os.dup2(src, dst)
+                for signum in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
+                    signal.signal(signum, signal.SIG_DFL)
+                os.execve(self.shell, argv, self.env)
+            finally:
+                os._exit(127)
         return pid
-
-    def job_status(self, pid: int):
-        """(still running, exit status) of a spare; the status comes from the master that
-        forked it, None if unknown."""
-        try:
-            with open("/proc/" + str(int(pid)) + "/stat") as stat_file:
-                state = stat_file.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            state = "gone"
-        if state not in ("Z", "X", "gone"):
-            return True, None  # exec'ed into something that closed the report pipe
-        if self.master is None or pid not in self.master["jobs"]:
-            return False, None
-        del self.master["jobs"][pid]
-        return False, self.ask_master("? " + str(int(pid)), 10.0)
 
     def offer_shell(self) -> None:
         """Prepare the next command's shell and hand its pipe ends to the host."""
@@ -269,11 +194,12 @@ class CommandServer:
             report_r, report_w = os.pipe()
             go_r, go_w = os.pipe()
             script_fd = os.memfd_create("harnessrl-command", os.MFD_CLOEXEC)
-            pid = self.fork_spare([out_w, err_w, report_w, script_fd, go_r])
+            pid = self.start_spare([out_w, err_w, report_w, script_fd, go_r])
             for fd in (out_w, err_w, report_w, go_r):
                 os.close(fd)
             host_ends = [go_w, script_fd, out_r, err_r, report_r]
             if pid is not None:
+                self.spares[pid] = self.next_sid
                 self.track_group(pid)
                 self.send({"shell": True, "sid": self.next_sid, "pid": pid}, host_ends)
                 self.next_sid += 1
@@ -297,16 +223,21 @@ class CommandServer:
             self.pgids = alive
 
     def reap(self) -> None:
-        """Collect exited children and orphans (we are pid 1); notice a dead master."""
+        """Collect exited children and orphans (we are pid 1); report each shell's status."""
         while True:
             try:
-                pid, _status = os.waitpid(-1, os.WNOHANG)
+                pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            if self.master is not None and pid == self.master["pid"]:
-                self.drop_master()
+            sid = self.spares.pop(pid, None)
+            if sid is not None:
+                if os.WIFSIGNALED(status):
+                    code = 128 + os.WTERMSIG(status)
+                else:
+                    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+                self.send({"exited": True, "sid": sid, "code": code})
 
     def kill_group(self, pgid: int) -> None:
         """SIGKILL a process group until it is gone (its zombies reaped), for up to 2 s."""
@@ -350,6 +281,14 @@ class CommandServer:
         self.kill_group(pgid)
 
     # ---- helpers ----
+    def make_undumpable(self) -> None:
+        """PR_SET_DUMPABLE 0, before any command runs: without CAP_SYS_PTRACE (no command has
+        it) no process can ptrace us, read or write our memory, or take our descriptors."""
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
     def quote(self, text: str) -> str:
         return "'" + text.replace("'", "'\\''") + "'"
 
@@ -370,8 +309,7 @@ class CommandServer:
             if libc.prctl(24, cap, 0, 0, 0) != 0:
                 break
         libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-        # Drop our own capabilities too (capset v3, all zero): the master shell must be able to
-        # open /proc/<server>/fd, which the kernel refuses to a process with fewer capabilities.
+        # Drop our own capabilities too (capset v3, all zero): nothing we start gets any.
         header = (ctypes.c_uint32 * 2)(0x20080522, 0)
         data = (ctypes.c_uint32 * 6)()
         libc.capset(header, data)

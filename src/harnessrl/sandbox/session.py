@@ -8,7 +8,6 @@ import json
 import math
 import os
 import select
-import signal
 import socket
 import subprocess
 import tempfile
@@ -16,6 +15,7 @@ import threading
 import time
 import weakref
 from abc import abstractmethod
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -27,6 +27,7 @@ from harnessrl.sandbox.api import (
     SandboxLimits,
     SandboxMount,
     SandboxUnavailableError,
+    check_mounts,
     checked_env,
 )
 from harnessrl.sandbox.base import Sandbox
@@ -39,6 +40,7 @@ from harnessrl.sandbox.isolation import (
 )
 from harnessrl.sandbox.link import (
     SERVER_BOOTSTRAP,
+    MalformedMessage,
     OutputCapture,
     ServerGone,
     ServerLink,
@@ -52,6 +54,7 @@ from harnessrl.sandbox.workspace import Workspace
 _OUTPUT_GRACE_S = 0.1  # how long output pipes may stay open after the shell exited
 _START_TIMEOUT_S = 20.0  # waiting for the server to start, or to offer a shell
 _REPLY_SLACK_S = 10.0  # waiting for the server to finish a kill or clear request
+_RESTART_GRACE_S = 10.0  # waiting for a sandbox's processes to end before a restart
 _TIMEOUT_EXIT_CODE = 124  # like coreutils `timeout`
 _LOST_EXIT_CODE = -1  # the server died while running the command
 
@@ -71,7 +74,8 @@ class ServerSandbox(Sandbox):
                  env: dict[str, str] | None = None) -> None:
         super().__init__(workspace, limits, owns_workspace)
         self._host_uid = host_uid
-        self._mounts = tuple(mounts)
+        self._base_mounts = tuple(mounts)  # the caller's; a restart may add more for a while
+        self._mounts = self._base_mounts
         self._extra_env = checked_env(env)
         self._file_owner = host_uid
         self._lock = threading.Lock()
@@ -81,15 +85,7 @@ class ServerSandbox(Sandbox):
         self._finalizer = weakref.finalize(self, stop_servers, self._servers)
         if host_uid is not None:
             self._prepare_workspace_for(host_uid)
-            for mount in self._mounts:
-                blocked = others_can_search(os.path.realpath(mount.source))
-                if blocked is not None:
-                    raise SandboxUnavailableError(
-                        f"the mount source {mount.source} is not reachable by the sandbox user"
-                        f" (host uid {host_uid}): {blocked} is not searchable by others; keep it"
-                        " under a world-searchable folder")
-                if mount.writable:
-                    give_tree(mount.source, host_uid)
+        self._admit_mounts(self._mounts)
         self._start()
 
     @property
@@ -128,6 +124,20 @@ class ServerSandbox(Sandbox):
                 f" {tempfile.gettempdir()} or make the parents world-searchable"
             )
         give_tree(root, host_uid)
+
+    def _admit_mounts(self, mounts: tuple[SandboxMount, ...]) -> None:
+        """Check that the sandbox user can reach each mount; give it the writable ones."""
+        if self._host_uid is None:
+            return
+        for mount in mounts:
+            blocked = others_can_search(os.path.realpath(mount.source))
+            if blocked is not None:
+                raise SandboxUnavailableError(
+                    f"the mount source {mount.source} is not reachable by the sandbox user"
+                    f" (host uid {self._host_uid}): {blocked} is not searchable by others; keep"
+                    " it under a world-searchable folder")
+            if mount.writable:
+                give_tree(mount.source, self._host_uid)
 
     def _server_config(self) -> dict[str, Any]:
         return {
@@ -179,6 +189,24 @@ class ServerSandbox(Sandbox):
     def _drop_server(self) -> None:
         stop_servers(self._servers)
 
+    def restart(self, mounts: Sequence[SandboxMount] = ()) -> None:
+        """End every process of this sandbox, then start a fresh session over the same
+        workspace (see `Sandbox.restart`)."""
+        extra = tuple(mounts)
+        check_mounts((*self._base_mounts, *extra))
+        with self._lock:
+            if self._closed:
+                raise SandboxError("the sandbox is closed")
+            if not stop_servers(self._servers, grace_s=_RESTART_GRACE_S):
+                raise SandboxError(
+                    "the sandbox's processes did not end within"
+                    f" {_RESTART_GRACE_S:.0f} s; the sandbox was killed instead, so it cannot"
+                    " promise that none of them is left")
+            self._admit_mounts(extra)
+            self._mounts = (*self._base_mounts, *extra)
+            self._cwd = self._inside_root()
+            self._start()
+
     def close(self) -> None:
         """Stop the server and every process it started; close an owned workspace."""
         self._closed = True
@@ -224,6 +252,12 @@ class ServerSandbox(Sandbox):
             except SandboxUnavailableError as exc:
                 return error_result(f"harnessrl sandbox: the sandbox could not be restarted: {exc}",
                                      time.monotonic() - started, exit_code=_LOST_EXIT_CODE)
+            except MalformedMessage as exc:
+                self._drop_server()
+                raise SandboxError(
+                    f"the sandbox's control link carried a malformed message ({exc}); its"
+                    " server was stopped (with every process in the sandbox) and a fresh one"
+                    " runs the next command") from None
             except ServerGone:
                 self._drop_server()
                 if self._closed:
@@ -263,46 +297,38 @@ class ServerSandbox(Sandbox):
 
     def _supervise(self, server: ServerLink, shell: SpareShell, started: float,
                    limit_s: float) -> ExecResult | None:
-        """Collect the command's output until its shell exited and the output pipes closed;
-        None if the shell died before it took the command."""
+        """Collect the command's output until its shell exited (the server says with which
+        status) and the output pipes closed; None if the shell died before it took the command."""
         deadline = started + limit_s
         captures = {shell.stdout: OutputCapture(self.limits.output_bytes),
                     shell.stderr: OutputCapture(self.limits.output_bytes)}
         inodes = [os.fstat(fd).st_ino for fd in captures]
         open_outputs = set(captures)
         report = ShellReport()
-        report_open = True
         code: int | None = None
         timed_out = False
         finished_at = 0.0
-        pending: str | None = None  # the request to the server in flight: kill, clear, status
+        pending: str | None = None  # the request to the server in flight: kill or clear
         pending_deadline = 0.0
-        next_status_query = 0.0
         poller = select.poll()
         for fd in (shell.stdout, shell.stderr, shell.report, server.control.fileno()):
             poller.register(fd, select.POLLIN)
 
         def ask(request: str) -> None:
             nonlocal pending, pending_deadline
-            server.cleared, server.status_reply = False, None
+            server.cleared = False
             server.send({request: True, "sid": shell.sid, "pgid": shell.pgid, "inodes": inodes})
             pending, pending_deadline = request, time.monotonic() + _REPLY_SLACK_S
 
         while True:
             now = time.monotonic()
-            if pending == "status" and server.status_reply is not None:
-                running, answer = server.status_reply
-                pending = None
-                if running:  # exec'ed into a program that closed the report pipe: wait on
-                    next_status_query = now + 0.05
-                elif code is None:
-                    code = answer if answer is not None else 128 + signal.SIGKILL
-                    finished_at = now
-            elif pending in ("kill", "clear") and server.cleared:
+            if code is None and shell.sid in server.exit_codes:
+                code, finished_at = server.exit_codes.pop(shell.sid), now
+            if pending is not None and server.cleared:
                 break
             if pending is not None and now >= pending_deadline:
                 raise ServerGone("the sandbox server stopped answering")
-            if pending in ("kill", "clear"):
+            if pending is not None:
                 wait = pending_deadline - now
             elif code is None and now >= deadline:
                 timed_out = True
@@ -316,28 +342,17 @@ class ServerSandbox(Sandbox):
                     ask("clear")
                     continue
                 wait = finished_at + _OUTPUT_GRACE_S - now
-            elif not report_open and pending is None and now >= next_status_query:
-                # The shell ended without a report (it exec'ed, or was killed): ask the server.
-                ask("status")
-                continue
             else:
                 wait = deadline - now
-                if pending == "status":
-                    wait = min(wait, pending_deadline - now)
-                elif not report_open:
-                    wait = min(wait, next_status_query - now)
             for fd, _event in poller.poll(max(wait, 0.0) * 1000.0):
                 if fd == shell.report:
                     chunk = os.read(fd, 1 << 16)
                     if chunk:
                         report.feed(chunk)
                     else:
-                        report_open = False
                         poller.unregister(fd)
                         if not report.started and not timed_out:
                             return None
-                    if code is None and report.status is not None:
-                        code, finished_at = report.status, time.monotonic()
                 elif fd in captures:
                     chunk = os.read(fd, 1 << 16)
                     if chunk:
@@ -347,11 +362,13 @@ class ServerSandbox(Sandbox):
                         poller.unregister(fd)
                 else:
                     server.receive(0.0)
-        for fd in open_outputs:  # what is left after the kill
+        for fd, capture in ((shell.report, report), *captures.items()):  # what is left after the kill
             os.set_blocking(fd, False)
             with contextlib.suppress(OSError):
                 while chunk := os.read(fd, 1 << 16):
-                    captures[fd].feed(chunk)
+                    capture.feed(chunk)
+        if not report.started and not timed_out:
+            return None  # it died (killed by a background process) before it took the command
         if report.cwd:
             self._cwd = report.cwd
         stdout, cut_out = captures[shell.stdout].text()
@@ -361,4 +378,3 @@ class ServerSandbox(Sandbox):
             stdout=stdout, stderr=stderr, duration_s=time.monotonic() - started,
             timed_out=timed_out, truncated=cut_out or cut_err,
         )
-

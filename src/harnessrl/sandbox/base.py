@@ -38,13 +38,16 @@ class Sandbox(ABC):
         """
 
     @abstractmethod
-    def restart(self, mounts: Sequence[SandboxMount] = ()) -> None:
+    def restart(self, mounts: Sequence[SandboxMount] = (), verification: bool = False) -> None:
         """End every process of this sandbox, then start a fresh session over the same workspace.
 
         What the episode left running (background jobs, daemons) is gone when this returns, the
         shell starts again in the workspace root, and the new session also shows ``mounts``
-        (read-only unless asked) until the next restart. Verification calls it before any
-        check runs. Raises `SandboxError` when the old processes cannot be shown to be gone.
+        (read-only unless asked) until the next restart. With ``verification`` the session
+        takes each command's exit status only from the sandbox's server (which waited for the
+        shell), never from a pipe a sandboxed process could write to: `verify_task` restarts
+        so before any check runs. Raises `SandboxError` when the old processes cannot be shown
+        to be gone.
         """
 
     @abstractmethod

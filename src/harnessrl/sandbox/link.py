@@ -88,24 +88,27 @@ class OutputCapture:
 
 class ShellReport:
     """What a shell writes to its report pipe: ``r NUL`` when it has taken the command, then
-    ``d<pwd> NUL`` from its EXIT trap (see `CommandServer`). Any sandboxed process can write
-    here too, so nothing in it decides a result: it only says whether the shell took the
-    command and where the next one starts."""
+    ``s<status> NUL <pwd> NUL`` from its EXIT trap (see `CommandServer`). Any sandboxed process
+    can write there too: the status is a fast answer for the policy's own commands, never the
+    answer of a check (the server's ``exited`` message is)."""
 
     def __init__(self) -> None:
         self.buffer = b""
         self.started = False
+        self.status: int | None = None
         self.cwd: str | None = None
 
     def feed(self, chunk: bytes) -> None:
-        self.buffer = (self.buffer + chunk)[-_REPORT_BYTES:]
-        fields = self.buffer.split(b"\0")[:-1]  # complete fields only
-        if fields and fields[0] == b"r":
+        if self.status is not None or len(self.buffer) > _REPORT_BYTES:
+            return
+        self.buffer += chunk
+        fields = self.buffer.split(b"\0")
+        if fields[0] == b"r" and len(fields) >= 2:
             self.started = True
-        for field in reversed(fields):
-            if field[:1] == b"d" and field[1:2] == b"/":
-                self.cwd = field[1:].decode("utf-8", "surrogateescape")
-                break
+            fields = fields[1:]
+        if self.started and len(fields) >= 3 and fields[0][:1] == b"s" and fields[0][1:].isdigit():
+            self.status = int(fields[0][1:])
+            self.cwd = fields[1].decode("utf-8", "surrogateescape")
 
 
 _REPORT_BYTES = 1 << 16  # what a report may hold: a path, and whatever else got written there
@@ -139,7 +142,8 @@ class ServerLink:
         self.spares: list[SpareShell] = []
         self.active_sid = -1
         self.cleared = False  # the server finished a kill/clear for the active shell
-        self.exit_codes: dict[int, int] = {}  # sid -> exit status, from the server's waitpid
+        self.exit_codes: dict[int, int] = {}  # sid -> exit status, from the server
+        self.running_reply = False  # the server answered "status" for the active shell: running
 
     def send(self, message: dict[str, Any]) -> None:
         try:
@@ -197,6 +201,9 @@ class ServerLink:
             self.exit_codes[_int_field(message, "sid")] = _int_field(message, "code")
             while len(self.exit_codes) > _MAX_EXITS:
                 del self.exit_codes[next(iter(self.exit_codes))]
+        elif "running" in message:
+            if _int_field(message, "sid") == self.active_sid:
+                self.running_reply = True
         elif "cleared" in message:
             if _int_field(message, "sid") == self.active_sid:
                 self.cleared = True
@@ -213,7 +220,7 @@ class ServerLink:
                 raise ServerGone("the sandbox server offered no shell in time")
             self.receive(remaining)
         shell = self.spares.pop(0)
-        self.active_sid, self.cleared = shell.sid, False
+        self.active_sid, self.cleared, self.running_reply = shell.sid, False, False
         return shell
 
     def stop(self, grace_s: float = 2.0) -> bool:

@@ -27,28 +27,38 @@ class CommandServer:
     run on Python >= 3.8. It is pid 1 of the sandbox's pid namespace, and not dumpable
     (``PR_SET_DUMPABLE`` 0): the commands it runs, which have no capabilities, can neither
     trace it, nor open its ``/proc/1/mem`` or ``/proc/1/fd``, nor take its control socket with
-    ``pidfd_getfd``.
+    ``pidfd_getfd``. Nothing reaches it but the host.
 
     The server stays off each command's critical path: it keeps one *spare* shell ready for
-    the host, started ahead of time as its own child (``bash -c`` with the limits applied by
-    ``ulimit``, in its own session and process group). For each spare the server makes the
-    pipes (stdout, stderr, a report pipe, a go pipe) and a memfd for the command; the host-side
-    ends travel to the host over the control socket (SCM_RIGHTS). The spare blocks reading one
-    byte from fd 99. The host writes ``cwd NUL command`` into the memfd and then the byte, and
-    reads the output itself. The spare writes ``r NUL`` to the report pipe (fd 97) once it has
-    the command (a spare that dies before that never ran it: the host retries on the next
-    one), ``cd``s, traps EXIT to write ``d<pwd> NUL`` there and ``eval``s the command. The exit
-    status never comes from that pipe, which any sandboxed process can open through
-    ``/proc/<pid>/fd``: the server waits for its child and sends the status itself.
+    the host. A spare's pipes (stdout, stderr, a report pipe, a go pipe) and a memfd for the
+    command are made by the server; the host-side ends travel to the host over the control
+    socket (SCM_RIGHTS). The spare blocks reading one byte from fd 99. The host writes ``cwd
+    NUL command`` into the memfd and then the byte, and reads the output itself. The spare
+    writes ``r NUL`` to the report pipe (fd 97) once it has the command (a spare that dies
+    before that never ran it: the host retries on the next one), ``cd``s, traps EXIT to write
+    ``s<status> NUL <pwd> NUL`` there and ``eval``s the command.
+
+    Where spares come from depends on the session. For the policy's commands they are forked
+    by a long-lived *master* bash (forking an initialized bash costs a third of starting one):
+    the master has job control on, so each spare is its own process group, with the limits
+    the master set with ``ulimit``, and it is started holding the descriptors of `BATCH`
+    spares (a new master takes over after that). Exit statuses come from the report pipe, or,
+    for a shell that ended without a report, from the master (``wait <pid>``); a sandboxed
+    process can write to either, which can only mislead the policy about its own commands. In
+    a *direct* session (verification) the server starts each spare itself (``bash -c``) and
+    sends the exit status the kernel gave it; the host takes statuses only from there.
 
     Control messages are JSON packets. Server to host: ``ready``; ``shell`` (with the fds);
-    ``exited`` (a shell's exit status); ``cleared`` (after ``kill`` or ``clear``). Host to
-    server: ``started`` or ``dead`` (the host took a spare, or found it dead: prepare the next
-    one); ``kill`` (kill the command's process group and whatever holds its output: the
-    timeout); ``clear`` (kill whatever still holds the output after the command finished).
-    EOF, or anything that is not such a message, ends the server and, as pid 1, every process
-    in the sandbox.
+    ``exited`` (a shell's exit status); ``running`` (no status yet); ``cleared`` (after
+    ``kill`` or ``clear``). Host to server: ``started`` or ``dead`` (the host took a spare, or
+    found it dead: prepare the next one); ``status`` (the exit status of a shell that did not
+    report one); ``kill`` (kill the command's process group and whatever holds its output:
+    the timeout); ``clear`` (kill whatever still holds the output after the command
+    finished). EOF, or anything that is not such a message, ends the server and, as pid 1,
+    every process in the sandbox.
     """
+
+    BATCH = 8  # spares one master bash can fork: it inherits their descriptors at 10, 11, ...
 
     def __init__(self, config: dict, control) -> None:
         self.control = control
@@ -57,13 +67,15 @@ class CommandServer:
         self.env = config["env"]
         self.limits = config["limits"]
         self.harden = bool(config["harden"])
+        self.direct = bool(config["direct"])
         self.null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
-        self.spares: dict = {}  # pid -> sid of every shell not reaped yet
+        self.masters: list = []  # the current master last, and the one before it
+        self.children: dict = {}  # direct session: pid -> sid of every shell not reaped yet
+        self.exits: dict = {}  # direct session: sid -> exit status of recently reaped shells
         self.pgids: set = set()
         self.next_sid = 0
         self.poller = select.poll()
         self.wakeup = os.pipe()  # SIGCHLD wakes the poll through this pipe
-        self.script = ""
 
     @classmethod
     def main(cls) -> None:
@@ -76,7 +88,6 @@ class CommandServer:
             self.drop_privileges()
         self.make_undumpable()
         os.chdir(self.root)
-        self.script = self.spare_script()
         for fd in self.wakeup:
             os.set_blocking(fd, False)
         signal.set_wakeup_fd(self.wakeup[1])
@@ -113,6 +124,11 @@ class CommandServer:
                 raise ValueError("not a message")
             if "started" in message or "dead" in message:
                 self.offer_shell()
+            elif "status" in message:
+                sid = message.get("sid")
+                running, code = self.job_status(int(message["pgid"]), sid)
+                self.send({"running": True, "sid": sid} if running else
+                          {"exited": True, "sid": sid, "code": 128 + 9 if code is None else code})
             elif "kill" in message or "clear" in message:
                 pgid, inodes = int(message["pgid"]), [int(inode) for inode in message["inodes"]]
                 if "kill" in message:
@@ -130,8 +146,8 @@ class CommandServer:
                 continue
         os._exit(0)
 
-    # ---- the spare shells ----
-    def spare_script(self) -> str:
+    # ---- the shells ----
+    def limits_script(self) -> str:
         def capped(which: int, value: int) -> int:
             hard = resource.getrlimit(which)[1]
             return value if hard == resource.RLIM_INFINITY else min(value, hard)
@@ -142,10 +158,12 @@ class CommandServer:
         memory_kb = capped(resource.RLIMIT_AS, limits["memory_mb"] << 20) >> 10
         processes = capped(resource.RLIMIT_NPROC, limits["max_processes"])
         file_kb = capped(resource.RLIMIT_FSIZE, limits["file_size_mb"] << 20) >> 10
+        return (f"ulimit -S -t {cpu} && ulimit -H -t {cpu_hard} && ulimit -v {memory_kb}"
+                f" && ulimit -u {processes} && ulimit -f {file_kb} && ulimit -c 0"
+                " || { echo 'harnessrl sandbox: cannot apply resource limits' >&2; exit 126; }")
+
+    def spare_script(self) -> str:
         return "; ".join([  # one line: bash counts lines from the start of the script
-            f"ulimit -S -t {cpu} && ulimit -H -t {cpu_hard} && ulimit -v {memory_kb}"
-            f" && ulimit -u {processes} && ulimit -f {file_kb} && ulimit -c 0"
-            " || { echo 'harnessrl sandbox: cannot apply resource limits' >&2; exit 126; }",
             "read -r -n 1 -u 99 __harnessrl_go || exit 0",
             "unset __harnessrl_go",
             "exec 99<&-",
@@ -154,21 +172,39 @@ class CommandServer:
             "exec 98<&-",
             "printf 'r\\0' 2>/dev/null >&97",
             'cd -- "$__harnessrl_cwd" 2>/dev/null || cd -- ' + self.quote(self.root),
-            "trap 'printf \"d%s\\0\" \"$PWD\" 2>/dev/null >&97' EXIT",
+            "trap 'printf \"s%s\\0%s\\0\" \"$?\" \"$PWD\" 2>/dev/null >&97' EXIT",
             'eval "unset __harnessrl_cwd __harnessrl_cmd; $__harnessrl_cmd"',
         ])
 
-    def start_spare(self, fds: list):
-        """Start a spare shell on these fds (ours: stdout, stderr, report, script, go); its
-        pid, or None if it could not start."""
-        argv = [self.shell, "-c", self.script]
-        pairs = ((self.null, 0), (fds[0], 1), (fds[1], 2), (fds[2], 97), (fds[3], 98), (fds[4], 99))
+    def master_script(self) -> str:
+        slot_fds = range(10, 10 + 5 * self.BATCH)
+        close_all = " ".join(str(fd) + ">&-" for fd in slot_fds)
+        cases = []
+        for slot in range(self.BATCH):
+            out, err, report, script, go = (10 + 5 * slot + j for j in range(5))
+            cases.append(
+                f"{slot}) ({self.spare_script()}) 1>&{out} 2>&{err} 97>&{report} 98<&{script}"
+                f" 99<&{go} {close_all} 3<&- 4>&- </dev/null &"
+                f" exec {out}>&- {err}>&- {report}>&- {script}<&- {go}<&-;;")
+        return " ".join([  # one line too
+            self.limits_script() + ";",
+            "set -m;",
+            "while read -r -u 3 __k __p; do",
+            # "? <pid>": the exit status of a spare that ended without reporting it (exec, kill).
+            'if [ "$__k" = "?" ]; then wait "$__p"; echo "$?" >&4; continue; fi;',
+            'case "$__k" in', *cases, "*) echo 0 >&4; continue;; esac;",
+            'echo "$!" >&4;',
+            "done",
+        ])
+
+    def spawn(self, argv: list, pairs, session: bool):
+        """Start ``argv`` with these (ours, theirs) descriptors, in a new session or just a
+        new process group; its pid, or None if it could not start."""
         try:
+            group = {"setsid": True} if session else {"setpgroup": 0}
             return os.posix_spawn(
-                self.shell, argv, self.env, setsid=True,
-                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
-                file_actions=[(os.POSIX_SPAWN_DUP2, src, dst) for src, dst in pairs],
-            )
+                argv[0], argv, self.env, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+                file_actions=[(os.POSIX_SPAWN_DUP2, src, dst) for src, dst in pairs], **group)
         except (AttributeError, NotImplementedError, TypeError):
             pass  # no posix_spawn with setsid (old libc): the slow, equivalent path below
         except OSError:
@@ -176,30 +212,128 @@ class CommandServer:
         pid = os.fork()
         if pid == 0:
             try:
-                os.setsid()
+                if session:
+                    os.setsid()
+                else:
+                    os.setpgid(0, 0)
                 for src, dst in pairs:
                     os.dup2(src, dst)
                 for signum in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
                     signal.signal(signum, signal.SIG_DFL)
-                os.execve(self.shell, argv, self.env)
+                os.execve(argv[0], argv, self.env)
             finally:
                 os._exit(127)
         return pid
 
+    def new_slot(self):
+        """Pipes and memfd of one spare: (its ends, the host's ends)."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        report_r, report_w = os.pipe()
+        go_r, go_w = os.pipe()
+        script = os.memfd_create("harnessrl-command", os.MFD_CLOEXEC)
+        return [out_w, err_w, report_w, script, go_r], [go_w, script, out_r, err_r, report_r]
+
+    def start_direct(self):
+        """A spare started by the server itself (direct session): (pid, host ends)."""
+        theirs, host_ends = self.new_slot()
+        pairs = [(self.null, 0), (theirs[0], 1), (theirs[1], 2), (theirs[2], 97), (theirs[3], 98),
+                 (theirs[4], 99)]
+        pid = self.spawn([self.shell, "-c", self.limits_script() + "; " + self.spare_script()],
+                         pairs, session=False)
+        for fd in theirs[:3] + theirs[4:]:
+            os.close(fd)
+        if pid is not None:
+            self.children[pid] = self.next_sid
+        return pid, host_ends
+
+    def start_master(self) -> dict:
+        slots_r, slots_w = os.pipe()
+        acks_r, acks_w = os.pipe()
+        slots = [self.new_slot() for _ in range(self.BATCH)]
+        pairs = [(self.null, 0), (self.null, 1), (self.null, 2), (slots_r, 3), (acks_w, 4)]
+        for index, (theirs, _host_ends) in enumerate(slots):
+            pairs += [(fd, 10 + 5 * index + j) for j, fd in enumerate(theirs)]
+        # A new session: one scheduler autogroup for every shell of this sandbox.
+        pid = self.spawn([self.shell, "-c", self.master_script()], pairs, session=True)
+        for fd in [slots_r, acks_w] + [fd for theirs, _ in slots for fd in theirs[:3] + theirs[4:]]:
+            os.close(fd)
+        if pid is not None:
+            self.track_group(pid)
+        return {"pid": pid, "slots": slots_w, "acks": acks_r, "jobs": {},
+                "host_ends": [host_ends for _theirs, host_ends in slots], "next": 0}
+
+    def drop_master(self, master: dict) -> None:
+        if master in self.masters:
+            self.masters.remove(master)
+        for fd in [master["slots"], master["acks"]] + [
+                fd for ends in master["host_ends"] if ends for fd in ends]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        master["host_ends"] = []
+        if master["pid"] is not None:
+            with contextlib.suppress(OSError):
+                os.kill(master["pid"], signal.SIGKILL)
+
+    def ask_master(self, master: dict, line: str, timeout_s: float):
+        """Send one line to a master shell; its one-line answer as an int, or None."""
+        try:
+            os.write(master["slots"], (line + "\n").encode())
+            answer = b""
+            while not answer.endswith(b"\n"):
+                ready = select.select([master["acks"]], [], [], timeout_s)[0]
+                chunk = os.read(master["acks"], 64) if ready else b""
+                if not chunk:
+                    raise OSError("the master shell did not answer")
+                answer += chunk
+            return int(answer)
+        except (OSError, ValueError):
+            self.drop_master(master)
+            return None
+
+    def fork_spare(self):
+        """A spare forked by the current master (policy session): (pid, host ends)."""
+        master = self.masters[-1] if self.masters else None
+        if master is None or master["pid"] is None or master["next"] >= self.BATCH:
+            if len(self.masters) >= 2:  # the one before the current one: its spares are done
+                self.drop_master(self.masters[0])
+            master = self.start_master()
+            self.masters.append(master)
+        slot = master["next"]
+        master["next"] += 1
+        host_ends, master["host_ends"][slot] = master["host_ends"][slot], None
+        pid = self.ask_master(master, str(slot), 10.0)
+        if pid is None or pid <= 0:
+            return None, host_ends
+        master["jobs"][pid] = None  # an ordered set: bash remembers only recent statuses
+        if len(master["jobs"]) > 256:
+            del master["jobs"][next(iter(master["jobs"]))]
+        return pid, host_ends
+
+    def job_status(self, pid: int, sid):
+        """(still running, exit status) of a shell; the status is None if unknown."""
+        if self.direct:
+            if sid in self.exits:
+                return False, self.exits[sid]
+            return pid in self.children, None
+        try:
+            with open("/proc/" + str(int(pid)) + "/stat") as stat_file:
+                state = stat_file.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            state = "gone"
+        if state not in ("Z", "X", "gone"):
+            return True, None  # exec'ed into something that closed the report pipe
+        for master in self.masters:
+            if pid in master["jobs"]:
+                del master["jobs"][pid]
+                return False, self.ask_master(master, "? " + str(int(pid)), 10.0)
+        return False, None
+
     def offer_shell(self) -> None:
         """Prepare the next command's shell and hand its pipe ends to the host."""
         for _attempt in range(3):
-            out_r, out_w = os.pipe()
-            err_r, err_w = os.pipe()
-            report_r, report_w = os.pipe()
-            go_r, go_w = os.pipe()
-            script_fd = os.memfd_create("harnessrl-command", os.MFD_CLOEXEC)
-            pid = self.start_spare([out_w, err_w, report_w, script_fd, go_r])
-            for fd in (out_w, err_w, report_w, go_r):
-                os.close(fd)
-            host_ends = [go_w, script_fd, out_r, err_r, report_r]
+            pid, host_ends = self.start_direct() if self.direct else self.fork_spare()
             if pid is not None:
-                self.spares[pid] = self.next_sid
                 self.track_group(pid)
                 self.send({"shell": True, "sid": self.next_sid, "pid": pid}, host_ends)
                 self.next_sid += 1
@@ -223,7 +357,8 @@ class CommandServer:
             self.pgids = alive
 
     def reap(self) -> None:
-        """Collect exited children and orphans (we are pid 1); report each shell's status."""
+        """Collect exited children and orphans (we are pid 1); notice a dead master; report
+        each directly started shell's exit status."""
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -231,12 +366,18 @@ class CommandServer:
                 return
             if pid == 0:
                 return
-            sid = self.spares.pop(pid, None)
+            for master in [m for m in self.masters if m["pid"] == pid]:
+                master["pid"] = None
+                self.drop_master(master)
+            sid = self.children.pop(pid, None)
             if sid is not None:
                 if os.WIFSIGNALED(status):
                     code = 128 + os.WTERMSIG(status)
                 else:
                     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+                self.exits[sid] = code
+                if len(self.exits) > 16:
+                    del self.exits[next(iter(self.exits))]
                 self.send({"exited": True, "sid": sid, "code": code})
 
     def kill_group(self, pgid: int) -> None:

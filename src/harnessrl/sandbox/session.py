@@ -81,6 +81,7 @@ class ServerSandbox(Sandbox):
         self._lock = threading.Lock()
         self._servers: list[ServerLink] = []  # at most one; shared with the finalizer
         self._closed = False
+        self._checked = False  # a verification session: exit statuses only from the server
         self._cwd = self._inside_root()
         self._finalizer = weakref.finalize(self, stop_servers, self._servers)
         if host_uid is not None:
@@ -146,6 +147,7 @@ class ServerSandbox(Sandbox):
             "env": {**sandbox_env(self._home(), self._user()), **self._extra_env},
             "limits": asdict(self.limits),
             "harden": self._harden(),
+            "direct": self._checked,
         }
 
     def _start(self) -> ServerLink:
@@ -189,7 +191,7 @@ class ServerSandbox(Sandbox):
     def _drop_server(self) -> None:
         stop_servers(self._servers)
 
-    def restart(self, mounts: Sequence[SandboxMount] = ()) -> None:
+    def restart(self, mounts: Sequence[SandboxMount] = (), verification: bool = False) -> None:
         """End every process of this sandbox, then start a fresh session over the same
         workspace (see `Sandbox.restart`)."""
         extra = tuple(mounts)
@@ -204,6 +206,7 @@ class ServerSandbox(Sandbox):
                     " promise that none of them is left")
             self._admit_mounts(extra)
             self._mounts = (*self._base_mounts, *extra)
+            self._checked = verification
             self._cwd = self._inside_root()
             self._start()
 
@@ -297,26 +300,31 @@ class ServerSandbox(Sandbox):
 
     def _supervise(self, server: ServerLink, shell: SpareShell, started: float,
                    limit_s: float) -> ExecResult | None:
-        """Collect the command's output until its shell exited (the server says with which
-        status) and the output pipes closed; None if the shell died before it took the command."""
+        """Collect the command's output until its shell exited and the output pipes closed;
+        None if the shell died before it took the command.
+
+        The exit status comes from the shell's report, or from the server when the shell
+        ended without one; in a verification session only from the server."""
         deadline = started + limit_s
         captures = {shell.stdout: OutputCapture(self.limits.output_bytes),
                     shell.stderr: OutputCapture(self.limits.output_bytes)}
         inodes = [os.fstat(fd).st_ino for fd in captures]
         open_outputs = set(captures)
         report = ShellReport()
+        report_open = True
         code: int | None = None
         timed_out = False
         finished_at = 0.0
-        pending: str | None = None  # the request to the server in flight: kill or clear
+        pending: str | None = None  # the request to the server in flight: kill, clear, status
         pending_deadline = 0.0
+        next_status_query = 0.0
         poller = select.poll()
         for fd in (shell.stdout, shell.stderr, shell.report, server.control.fileno()):
             poller.register(fd, select.POLLIN)
 
         def ask(request: str) -> None:
             nonlocal pending, pending_deadline
-            server.cleared = False
+            server.cleared, server.running_reply = False, False
             server.send({request: True, "sid": shell.sid, "pgid": shell.pgid, "inodes": inodes})
             pending, pending_deadline = request, time.monotonic() + _REPLY_SLACK_S
 
@@ -324,11 +332,17 @@ class ServerSandbox(Sandbox):
             now = time.monotonic()
             if code is None and shell.sid in server.exit_codes:
                 code, finished_at = server.exit_codes.pop(shell.sid), now
-            if pending is not None and server.cleared:
+            elif code is None and report.status is not None and not self._checked:
+                code, finished_at = report.status, now
+            if pending == "status" and (code is not None or server.running_reply):
+                pending = None
+                if code is None:  # exec'ed into a program that closed the report pipe: wait on
+                    next_status_query = now + 0.05
+            elif pending in ("kill", "clear") and server.cleared:
                 break
             if pending is not None and now >= pending_deadline:
                 raise ServerGone("the sandbox server stopped answering")
-            if pending is not None:
+            if pending in ("kill", "clear"):
                 wait = pending_deadline - now
             elif code is None and now >= deadline:
                 timed_out = True
@@ -342,14 +356,23 @@ class ServerSandbox(Sandbox):
                     ask("clear")
                     continue
                 wait = finished_at + _OUTPUT_GRACE_S - now
+            elif not report_open and pending is None and now >= next_status_query:
+                # The shell ended without a report (it exec'ed, or was killed): ask the server.
+                ask("status")
+                continue
             else:
                 wait = deadline - now
+                if pending == "status":
+                    wait = min(wait, pending_deadline - now)
+                elif not report_open:
+                    wait = min(wait, next_status_query - now)
             for fd, _event in poller.poll(max(wait, 0.0) * 1000.0):
                 if fd == shell.report:
                     chunk = os.read(fd, 1 << 16)
                     if chunk:
                         report.feed(chunk)
                     else:
+                        report_open = False
                         poller.unregister(fd)
                         if not report.started and not timed_out:
                             return None

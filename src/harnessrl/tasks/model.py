@@ -224,7 +224,7 @@ def verify_task(task: Task, sandbox: Sandbox, answer: str | None = None) -> Verd
     modules of sandboxed Python checks), then the protected files are laid in, overwriting
     whatever the agent left at those paths, then the checks run from the workspace root.
     """
-    sandbox.restart(mounts=check_mounts_for(task.verifier))
+    sandbox.restart(mounts=check_mounts_for(task.verifier), verification=True)
     for rel_path, content in task.protected_files.items():
         try:
             sandbox.write_file(rel_path, content)

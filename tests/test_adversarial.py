@@ -252,6 +252,27 @@ def test_garbage_on_the_control_link_is_a_sandbox_error(backend: str, payload: b
         assert box.exec("echo again").stdout == "again\n"  # a fresh server took over
 
 
+def test_garbage_during_verification_is_a_recorded_failed_check(sandbox) -> None:
+    def inject_then_run(ctx) -> bool:
+        _send_as_the_server(ctx.sandbox, b"\xff\xfe garbage")
+        return ctx.sandbox.exec("true").ok
+
+    check = PythonCheck(inject_then_run, name=f"inject-{uuid.uuid4().hex[:8]}", on_host=True)
+    with pytest.warns(RuntimeWarning, match="ON THE HOST"):
+        verdict = verify_task(_task(check), sandbox)
+    assert not verdict.passed
+    assert "SandboxError" in verdict.explain() and "control link" in verdict.explain()
+
+
+def test_a_protected_path_replaced_by_a_symlink_gets_the_real_file(sandbox) -> None:
+    task = _task(PytestPasses("tests/test_hidden.py"), {"tests/test_hidden.py": HIDDEN_FAILING_TEST})
+    sandbox.write_file("elsewhere/test_ok.py", "def test_hidden():\n    pass\n")
+    assert sandbox.exec("mkdir -p tests && ln -sf ../elsewhere/test_ok.py tests/test_hidden.py").ok
+    verdict = verify_task(task, sandbox)
+    assert not verdict.passed, verdict.explain()
+    assert sandbox.read_file("tests/test_hidden.py") == HIDDEN_FAILING_TEST
+
+
 # --------------------------------------------------------------------------------------------
 # Python checks
 # --------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from harnessrl.sandbox import SandboxLimits, Workspace, _sandbox_env, open_sandbox
+from harnessrl.sandbox import SandboxLimits, Workspace, open_sandbox, sandbox_env
 
 COMMANDS = (
     "true",
@@ -55,7 +55,7 @@ def main() -> None:
 
     with Workspace(prefix="bench-") as workspace:
         lay_out(workspace)
-        plain_env = _sandbox_env(str(workspace.root))
+        plain_env = sandbox_env(str(workspace.root))
         with open_sandbox(workspace, backend=args.backend, limits=SandboxLimits()) as box:
 
             def sandboxed(command: str) -> None:

@@ -1,5 +1,7 @@
 """Shared pytest options: `--runslow` runs the tests marked slow (full sweeps)."""
 
+import os
+
 import pytest
 
 
@@ -59,9 +61,28 @@ def tiny_model(tmp_path_factory):
 
 def usable_backend_or_skip(name: str) -> str:
     """Returns sandbox backend ``name`` when this machine can run it, else skips the test."""
-    from harnessrl import sandbox
+    from harnessrl.sandbox.backends import probe_backend
 
-    usable, _uid, reason = sandbox._probe(name)
+    usable, _uid, reason = probe_backend(name)
     if not usable:
         pytest.skip(f"backend {name} is not usable on this machine: {reason}")
+    return name
+
+
+# In CI (or with HARNESSRL_REQUIRE_SANDBOX_BACKENDS=1) a sandbox backend that cannot run fails
+# the tests that need it: the adversarial suite must have run on both real backends.
+REQUIRE_SANDBOX_BACKENDS = bool(os.environ.get("CI")) or os.environ.get("HARNESSRL_REQUIRE_SANDBOX_BACKENDS") == "1"
+
+
+def required_backend(name: str) -> str:
+    """Returns sandbox backend ``name`` when this machine can run it; otherwise fails the test
+    in CI (see REQUIRE_SANDBOX_BACKENDS) and skips it elsewhere."""
+    from harnessrl.sandbox.backends import probe_backend
+
+    usable, _uid, reason = probe_backend(name)
+    if not usable:
+        message = f"backend {name} is not usable on this machine: {reason}"
+        if REQUIRE_SANDBOX_BACKENDS:
+            pytest.fail(message + " (required here: install bubblewrap and allow user namespaces)")
+        pytest.skip(message)
     return name

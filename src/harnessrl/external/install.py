@@ -96,9 +96,9 @@ def resolve_entry(folder: Path, plan: InstallPlan) -> str | None:
 
 
 def _reachable_by_others(path: Path) -> bool:
-    from harnessrl.sandbox import _others_can_search
+    from harnessrl.sandbox import others_can_search
 
-    return _others_can_search(str(path / "x")) is None
+    return others_can_search(str(path / "x")) is None
 
 
 def agents_root() -> Path:

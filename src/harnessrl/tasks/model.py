@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from harnessrl.tasks.verify import Check, CheckContext, Verdict, evaluate
+from harnessrl.sandbox import SandboxError, SandboxMount
+from harnessrl.tasks.verify import Check, CheckContext, PythonCheck, Verdict, evaluate
 
 if TYPE_CHECKING:
     from harnessrl.sandbox import Sandbox
@@ -200,15 +201,36 @@ def match_workspace_owner(root: Path) -> None:
                 os.lchown(path, owner.st_uid, owner.st_gid)
 
 
+def check_mounts_for(check: Check) -> tuple[SandboxMount, ...]:
+    """Returns the read-only mounts the sandboxed Python checks under ``check`` need, once each."""
+    found: dict[str, SandboxMount] = {}
+    pending = [check]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, PythonCheck):
+            found.update((mount.target, mount) for mount in current.mounts())
+        for f in fields(current):  # type: ignore[arg-type]
+            value = getattr(current, f.name)
+            children = value if isinstance(value, tuple) else (value,)
+            pending += [child for child in children if isinstance(child, Check)]
+    return tuple(found[target] for target in sorted(found))
+
+
 def verify_task(task: Task, sandbox: Sandbox, answer: str | None = None) -> Verdict:
     """Returns the verdict on the workspace (and submitted answer) after an episode.
 
-    Protected files are laid in first, overwriting whatever the agent left at those paths.
+    Nothing the policy started may touch verification: first every process of the episode is
+    ended (`Sandbox.restart`: a fresh session over the same workspace, which also mounts the
+    modules of sandboxed Python checks), then the protected files are laid in, overwriting
+    whatever the agent left at those paths, then the checks run from the workspace root.
     """
+    sandbox.restart(mounts=check_mounts_for(task.verifier), verification=True)
     for rel_path, content in task.protected_files.items():
-        sandbox.write_file(rel_path, content)
-    # The agent may have left the shell in a subdirectory: checks run from the workspace root.
-    sandbox.exec(f"cd {shlex.quote(sandbox.inside_root)}")
+        try:
+            sandbox.write_file(rel_path, content)
+        except SandboxError:  # the agent left a symlink, a directory or a fifo there
+            sandbox.exec(f"rm -rf -- {shlex.quote(rel_path)}")
+            sandbox.write_file(rel_path, content)
     return evaluate(task.verifier, CheckContext(sandbox=sandbox, answer=answer))
 
 

@@ -13,7 +13,18 @@ import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from harnessrl.sandbox import SandboxMount
+from harnessrl.tasks.python_check import (
+    import_name,
+    mount_for,
+    roots_for,
+    runner_command,
+    runner_detail,
+    warn_host_check,
+)
 
 if TYPE_CHECKING:
     from harnessrl.sandbox import Sandbox
@@ -25,6 +36,11 @@ class CheckContext:
 
     sandbox: Sandbox
     answer: str | None = None
+
+    @property
+    def workspace(self) -> Path:
+        """Returns the workspace's host directory (what a sandboxed check sees as its cwd)."""
+        return Path(self.sandbox.workspace.root)
 
 
 @dataclass(frozen=True)
@@ -532,19 +548,50 @@ class Not(Check):
 class PythonCheck(Check):
     """A Python callable ``fn(ctx) -> bool | CheckResult`` (suites written in code only).
 
-    The callable is trusted suite code; anything it wants to *run* must go through
-    ``ctx.sandbox.exec``.
+    By default it runs INSIDE the episode's sandbox: ``fn`` must be importable by name (a
+    module-level function); its module's folder is mounted read-only, the sandbox's
+    ``python3`` imports it there and calls it with a context whose ``workspace`` is the
+    workspace as a `Path` inside, ``answer`` the submitted answer and ``sandbox`` None; what it
+    starts (``python hello.py``, ``pytest``) is sandboxed too. Its exit decides the result.
+    ``on_host=True`` runs ``fn`` in this process instead, with the full `CheckContext`: it then
+    runs as the trainer's user, outside the sandbox, and the run says so once with a warning.
     """
 
     kind: ClassVar[str] = "python"
     fn: Callable[[CheckContext], bool | CheckResult]
     name: str = "python"
+    on_host: bool = False
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.on_host and import_name(self.fn) is None:
+            raise ValueError(
+                f"PythonCheck {self.name!r}: {self.fn!r} cannot be imported by name, so it cannot"
+                " run inside the sandbox; make it a module-level function, or pass on_host=True"
+                " to run it on the host (outside the sandbox, as the trainer's user)")
+
+    def mounts(self) -> tuple[SandboxMount, ...]:
+        """Returns the read-only mounts its sandboxed run needs (none on the host)."""
+        found = None if self.on_host else import_name(self.fn)
+        return () if found is None else tuple(mount_for(root) for root in roots_for(found[0]))
 
     def run(self, ctx: CheckContext) -> list[CheckResult]:
-        out = self.fn(ctx)
-        if isinstance(out, CheckResult):
-            return [out]
-        return [CheckResult(bool(out), self.name, "ok" if out else "returned false")]
+        if self.on_host:
+            warn_host_check(self.name, self.fn)
+            out = self.fn(ctx)
+            if isinstance(out, CheckResult):
+                return [out]
+            return [CheckResult(bool(out), self.name, "ok" if out else "returned false")]
+        module, qualname = import_name(self.fn) or ("", "")
+        result = ctx.sandbox.exec(runner_command(module, qualname, ctx.answer), timeout=self.timeout_s)
+        passed = result.exit_code == 0 and not result.timed_out
+        detail = runner_detail(result.stdout)
+        if result.timed_out:
+            detail = f"timed out after {self.timeout_s} s"
+        elif detail is None or result.exit_code == 3:
+            detail = (detail or f"exit {result.exit_code}") + f"; {(result.stderr or result.stdout).strip()[-300:]!r}"
+        return [CheckResult(passed, self.name, detail)]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "fn": getattr(self.fn, "__qualname__", "?")}
+        return {"kind": self.kind, "name": self.name, "fn": getattr(self.fn, "__qualname__", "?"),
+                "on_host": self.on_host}

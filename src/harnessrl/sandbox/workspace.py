@@ -1,0 +1,98 @@
+"""`Workspace`: the fresh host directory of one episode, and confinement of paths to it."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Any
+
+from harnessrl.sandbox.api import WORKSPACE_MOUNT, SandboxError, is_within
+
+logger = logging.getLogger(__name__)
+
+
+def _remove_tree(path: str) -> None:
+    """Delete a directory tree, fixing permissions a sandboxed process may have removed."""
+
+    def fix_and_retry(func: Any, failed: str, _exc_info: Any) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(failed), 0o700)
+            if os.path.isdir(failed) and not os.path.islink(failed):
+                os.chmod(failed, 0o700)
+            func(failed)
+
+    if os.path.lexists(path):
+        shutil.rmtree(path, onerror=fix_and_retry)
+    if os.path.lexists(path):
+        logger.warning("sandbox: could not remove workspace %s completely", path)
+
+
+class Workspace:
+    """A fresh directory for one episode, removed on `close` unless ``keep`` is set.
+
+    The caller lays out the task's files under `root` (before opening a sandbox on it, or later
+    through `Sandbox.write_file`); inside the sandbox the directory is `WORKSPACE_MOUNT`.
+    """
+
+    def __init__(self, base_dir: str | Path | None = None, prefix: str = "ws-", keep: bool = False) -> None:
+        base = Path(base_dir) if base_dir is not None else Path(tempfile.gettempdir())
+        base.mkdir(parents=True, exist_ok=True)
+        self.root: Path = Path(os.path.realpath(tempfile.mkdtemp(prefix=prefix, dir=base)))
+        self.keep = keep
+        self._finalizer = weakref.finalize(self, _remove_tree, str(self.root))
+        if keep:
+            self._finalizer.detach()
+
+    def resolve(self, path: str | os.PathLike[str]) -> Path:
+        """Return the host path for ``path``, refusing anything that leaves the workspace.
+
+        Accepts paths relative to the workspace root, absolute host paths inside it and absolute
+        paths under `WORKSPACE_MOUNT`. Symlinks are resolved; the result must stay inside.
+        Raises `SandboxError` with a model-facing message otherwise.
+        """
+        text = os.fspath(path)
+        if isinstance(text, bytes):
+            text = os.fsdecode(text)
+        if "\x00" in text:
+            raise SandboxError("path contains a NUL byte")
+        root = str(self.root)
+        shown = text or "."
+        if os.path.isabs(text):
+            if is_within(os.path.normpath(text), root):
+                joined = text
+            elif text == WORKSPACE_MOUNT or text.startswith(WORKSPACE_MOUNT + "/"):
+                joined = os.path.join(root, text[len(WORKSPACE_MOUNT):].lstrip("/"))
+            else:
+                raise SandboxError(f"path '{shown}' is outside the workspace")
+        else:
+            joined = os.path.join(root, text)
+        if not is_within(os.path.normpath(joined), root):
+            raise SandboxError(f"path '{shown}' is outside the workspace")
+        real = os.path.realpath(joined)  # resolves each symlink before any ".." after it
+        if not is_within(real, root):
+            raise SandboxError(
+                f"path '{shown}' is outside the workspace (a symlink on the way points outside)"
+            )
+        return Path(real)
+
+    def close(self) -> None:
+        """Remove the directory (unless ``keep``); safe to call twice."""
+        if self.keep:
+            self._finalizer.detach()
+            return
+        self._finalizer()
+
+    def __enter__(self) -> Workspace:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Workspace({str(self.root)!r}, keep={self.keep})"
+

@@ -69,12 +69,8 @@ class Trainer:
         (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2), encoding="utf-8")
         seed_everything(cfg.seed)
 
-        from harnessrl.policy.hf import (
-            HFPolicy,
-            resolve_device,
-            resolve_dtype,
-            resolve_rollout_dtype,
-        )
+        from harnessrl.policy.device import resolve_device, resolve_dtype, resolve_rollout_dtype
+        from harnessrl.policy.hf import HFPolicy
 
         resuming = resume and checkpoint is not None
         # A LoRA checkpoint holds only the adapter: the base model comes from the config.

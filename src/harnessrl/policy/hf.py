@@ -57,10 +57,11 @@ Conventions (what the trainer relies on):
   On this project's 2-core CPU a batched prefill is no cheaper per token than one request at a
   time and pays for padding; one row at a time also lets a later request of the same batch
   reuse the system prompt an earlier one just prefilled.
-* **Errors.** A request that cannot run (empty prompt, prompt that fills the context, ids
-  outside the vocabulary, invalid sampling parameters) and every request of a batch whose
-  generation raised come back as ``Generation([], [], "error", error=...)``; ``generate``
-  itself does not raise for them.
+* **Errors.** A request that cannot run (``policy.base.request_problem``: empty prompt, prompt
+  that fills the context, ids outside the vocabulary, invalid sampling parameters) and every
+  request of a batch whose generation raised come back as
+  ``Generation([], [], "error", error=...)``; ``generate`` itself does not raise for them.
+  ``max_new_tokens=0`` returns the empty ``length`` completion without running the model.
 """
 
 from __future__ import annotations
@@ -77,7 +78,13 @@ from typing import Any, cast
 import torch
 
 from harnessrl.harness.chat import HFChatTokenizer
-from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
+from harnessrl.policy.base import (
+    Generation,
+    GenerationRequest,
+    SamplingParams,
+    WeightSyncedPolicy,
+    triage_requests,
+)
 from harnessrl.policy.device import resolve_device, resolve_dtype
 from harnessrl.policy.embedded import resolve_model_path
 from harnessrl.policy.kv_slab import GROUPED_SDPA, KVSlab, row_groups
@@ -92,7 +99,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 
-class HFPolicy(Policy):
+class HFPolicy(WeightSyncedPolicy):
     """A local transformers causal LM that samples batches of token-id prompts.
 
     ``model`` is a local transformers folder, or ``None`` / ``"embedded"`` for the embedded
@@ -186,6 +193,27 @@ class HFPolicy(Policy):
                 self.cache_stats.invalidations += 1
             self._weights_seen = None
 
+    def local_model(self) -> Any:
+        """Returns the transformers model this policy samples from (it lives in this process,
+        so the trainer may train it in place)."""
+        return self.model
+
+    def sync_weights(self, trained: torch.nn.Module) -> None:
+        """Makes later generations use the current weights of ``trained`` and drops the prefix
+        cache. ``trained`` is this policy's own model (nothing to copy), a model that wraps it
+        (a PEFT LoRA model around it: the policy samples through the wrapper from now on), or
+        a separate copy with the same parameter names (a float32 master copy: its parameters
+        are copied in, cast to this policy's dtype)."""
+        if trained is not self.model:
+            if any(module is self.model for module in trained.modules()):
+                self.model = trained
+            else:
+                with self._lock, torch.no_grad():
+                    targets = dict(self.model.named_parameters())
+                    for name, parameter in trained.named_parameters():
+                        targets[name].copy_(parameter)
+        self.clear_prefix_cache()
+
     def _drop_stale_prefix_cache(self) -> None:
         """Clears the prefix cache when the model object or a parameter's version counter
         changed since the last call (a safety net under ``clear_prefix_cache``)."""
@@ -199,16 +227,9 @@ class HFPolicy(Policy):
 
     def _generate_locked(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """``generate`` under the lock."""
-        results: list[Generation | None] = [None] * len(requests)
-        runnable: list[int] = []
-        for index, request in enumerate(requests):
-            problem = self._request_problem(request)
-            if problem is not None:
-                results[index] = Generation([], [], "error", error=problem)
-            elif request.params.max_new_tokens == 0:
-                results[index] = Generation([], [], "length")
-            else:
-                runnable.append(index)
+        results, runnable = triage_requests(
+            requests, context_length=self.context_length, vocab_size=self.vocab_size
+        )
         # Similar lengths share a batch, so little compute goes to padding, and rows come
         # longest first, so decode attention splits them into tight length tiers. Per-request
         # generators make the tokens independent of this grouping.
@@ -270,27 +291,6 @@ class HFPolicy(Policy):
             torch.cuda.empty_cache()
 
     # ---------------------------------------------------------------- internals
-
-    def _request_problem(self, request: GenerationRequest) -> str | None:
-        """Returns why ``request`` cannot run, or None when it can."""
-        params = request.params
-        prompt = request.prompt_ids
-        if len(prompt) == 0:
-            return "empty prompt: a request needs at least one prompt token"
-        if self.context_length is not None and len(prompt) >= self.context_length:
-            return (
-                f"prompt of {len(prompt)} tokens leaves no room in the model's context of "
-                f"{self.context_length} tokens"
-            )
-        if not all(isinstance(i, int) and 0 <= i < self.vocab_size for i in prompt):
-            return f"prompt holds ids that are not ints in the vocabulary [0, {self.vocab_size})"
-        if not (math.isfinite(params.temperature) and params.temperature >= 0):
-            return f"temperature must be finite and >= 0, got {params.temperature}"
-        if not (0 < params.top_p <= 1):
-            return f"top_p must be in (0, 1], got {params.top_p}"
-        if params.max_new_tokens < 0:
-            return f"max_new_tokens must be >= 0, got {params.max_new_tokens}"
-        return None
 
     def _generator(self, seed: int | None) -> torch.Generator:
         """Returns a fresh generator on the model's device seeded with ``seed`` (random if None)."""

@@ -51,8 +51,8 @@ class EpisodeView(Protocol):
 @runtime_checkable
 class ConversationView(Protocol):
     """What a scripted policy behind ``harnessrl serve`` may read from the client's request
-    (``serve.context.ServeContext`` is one): its session name, and its messages and tools
-    normalized as the server's module docstring describes."""
+    (``serve.context.ServeContext`` is one): its session name, and its messages and tools in
+    the normalized form ``serve.context`` describes."""
 
     @property
     def session(self) -> str | None: ...

@@ -27,8 +27,9 @@ from pathlib import Path
 import torch
 
 from harnessrl.policy.base import GenerationRequest, SamplingParams
+from harnessrl.policy.device import cpu_has_native_bf16
 from harnessrl.policy.embedded import embedded_model_dir
-from harnessrl.policy.hf import HFPolicy, cpu_has_native_bf16
+from harnessrl.policy.hf import HFPolicy
 from harnessrl.rl.update import UpdateSample, update_step
 
 

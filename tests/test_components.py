@@ -128,6 +128,7 @@ def test_compaction_can_ask_the_policy_for_the_summary():
     from harnessrl.harness.chat import ByteTokenizer
     from harnessrl.harness.context import Compaction
     from harnessrl.policy.base import Generation
+    from harnessrl.policy.summarizer import PolicySummarizer
 
     class SummaryPolicy:
         tokenizer = ByteTokenizer()
@@ -140,12 +141,13 @@ def test_compaction_can_ask_the_policy_for_the_summary():
             ids = self.tokenizer.completion_ids("Listed files; a.txt changed.")
             return [Generation(ids, [0.0] * len(ids), "stop")]
 
-    harness = Harness.named("S0-T0-O0-C2-W0").with_policy_summaries(SummaryPolicy())
+    harness = Harness.named("S0-T0-O0-C2-W0").with_summarizer(PolicySummarizer(SummaryPolicy()))
     state = EpisodeState(make_task())
     out = harness.context.apply(history(6), state, len, 1000)
     digest = next(m for m in out if m.span == SPAN_SUMMARY)
     assert digest.content.endswith("Listed files; a.txt changed.")
     harness.context.apply(history(6), state, len, 1000)
     assert SummaryPolicy.calls == 1  # one summary per set of dropped turns
-    assert isinstance(Harness.named("S0-T0-O0-C1-W0").with_policy_summaries(SummaryPolicy()).context, ObservationWindow)
+    window = Harness.named("S0-T0-O0-C1-W0").with_summarizer(PolicySummarizer(SummaryPolicy()))
+    assert isinstance(window.context, ObservationWindow)
     assert not isinstance(Harness.named("S0-T0-O0-C1-W0").context, Compaction)

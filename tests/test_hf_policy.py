@@ -286,7 +286,7 @@ def test_bad_requests_yield_error_generations_not_exceptions(
 def test_nucleus_filter_keeps_the_smallest_set_reaching_top_p_and_draws_follow_probs() -> None:
     import torch
 
-    from harnessrl.policy.hf import sample_index, top_p_filter
+    from harnessrl.policy.sampling import sample_index, top_p_filter
 
     probs = torch.tensor([0.1, 0.5, 0.0, 0.3, 0.1])
     assert top_p_filter(probs, 0.6).tolist() == pytest.approx([0.0, 0.5, 0.0, 0.3, 0.0])
@@ -303,7 +303,7 @@ def test_nucleus_filter_keeps_the_smallest_set_reaching_top_p_and_draws_follow_p
 def test_native_bf16_detection_reads_the_cpu_flags(tmp_path):
     import torch
 
-    from harnessrl.policy.hf import cpu_has_native_bf16, resolve_rollout_dtype
+    from harnessrl.policy.device import cpu_has_native_bf16, resolve_rollout_dtype
 
     amx = tmp_path / "amx"
     amx.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f amx_bf16 amx_tile\n\nprocessor\t: 1\n")

@@ -240,11 +240,12 @@ def test_invalid_requests_fail_alone_without_reaching_the_server(server: FakeSer
     policy = make_policy(server)
     good = request("ok")
     results = policy.generate([
-        GenerationRequest([], SamplingParams()), good, request("x", max_new_tokens=0),
-        request("y", temperature=-1.0), request("z", top_p=0.0),
+        GenerationRequest([], SamplingParams()), good, request("x", max_new_tokens=-1),
+        request("y", temperature=-1.0), request("z", top_p=0.0), request("w", max_new_tokens=0),
     ])
-    assert [g.finish_reason for g in results] == ["error", "stop", "error", "error", "error"]
+    assert [g.finish_reason for g in results] == ["error", "stop", "error", "error", "error", "length"]
     assert "empty prompt" in str(results[0].error) and "max_new_tokens" in str(results[2].error)
+    assert results[5].token_ids == [] and results[5].error is None  # a zero budget needs no server
     assert [b["prompt"] for b in server.bodies] == [good.prompt_ids]
 
 

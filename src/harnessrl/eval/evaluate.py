@@ -4,7 +4,7 @@ and the per-factor analysis."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,15 +63,8 @@ def _scores(trajectories: Sequence[Trajectory], k: int) -> dict[str, Any]:
         # arguments included) and tool errors (those two plus calls the tool refused)
         "format_error_rate": sum(t.metrics.get("format_errors", 0) for t in trajectories) / turns,
         "tool_error_rate": sum(t.metrics.get("tool_errors", 0) for t in trajectories) / turns,
-        "statuses": dict(_count(t.status for t in trajectories)),
+        "statuses": dict(Counter(t.status for t in trajectories)),
     }
-
-
-def _count(items: Any) -> dict[str, int]:
-    out: dict[str, int] = defaultdict(int)
-    for item in items:
-        out[item] += 1
-    return out
 
 
 def score_trajectories(

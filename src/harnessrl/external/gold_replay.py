@@ -28,7 +28,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from harnessrl.harness.chat import ByteTokenizer, ChatTokenizer
-from harnessrl.policy.base import Generation, GenerationRequest, Policy
+from harnessrl.policy.base import (
+    ConversationView,
+    Generation,
+    GenerationRequest,
+    Policy,
+    RequestContext,
+)
 from harnessrl.policy.scripted import _generation, describe_action
 from harnessrl.tasks.model import Action, Task
 
@@ -132,18 +138,17 @@ class GoldReplayPolicy(Policy):
                 out.append(_generation(self.tokenizer, text, request.params.max_new_tokens))
         return out
 
-    def reply(self, context: Any) -> tuple[str, str | None]:
+    def reply(self, context: RequestContext | None) -> tuple[str, str | None]:
         """Returns (completion text, None), or ("", error) when the request cannot be answered."""
-        messages = getattr(context, "messages", None)
-        if messages is None:
+        if not isinstance(context, ConversationView):
             return "", "the gold replay policy needs a ServeContext (serve the policy with harnessrl serve)"
-        session = getattr(context, "session", None)
+        messages, session = context.messages, context.session
         task = self._lookup(session_task_key(session)) if session else None
         if task is None:
             return "", f"the gold replay policy knows no task for session {session!r}"
         actions = [a for a in task.gold if a.kind != "submit"]
         answer = next((a.answer or "" for a in task.gold if a.kind == "submit"), "")
-        tools = list(getattr(context, "tools", None) or ())
+        tools = list(context.tools or ())
         if tools:
             return self._tool_reply(tools, messages, actions, answer)
         prompt = _text_of(messages, ("system", "user"))

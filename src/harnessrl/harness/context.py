@@ -4,14 +4,14 @@ C0 full append-only history. C1 a sliding window: observations older than the la
 ``keep`` are replaced by a placeholder naming how many lines were omitted (SWE-agent's
 last-N observations, OpenHands' observation masking). C2 compaction: once the history
 passes a token budget, older turns are replaced by a digest of what was done, which files
-changed and which errors occurred (deterministic by default; ``summarizer`` may supply a
+changed and which errors occurred (deterministic by default; a ``Summarizer`` may supply a
 policy-written summary instead).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import ClassVar, Protocol
 
 from harnessrl.harness.base import (
     SPAN_OBSERVATION,
@@ -69,7 +69,12 @@ class ObservationWindow(ContextPolicy):
         return out
 
 
-Summarizer = Callable[[Sequence[Message], EpisodeState], str]
+class Summarizer(Protocol):
+    """Writes C2's digest: the dropped messages and the episode's state in, the digest text out.
+    ``deterministic_digest`` is the default; ``policy.summarizer.PolicySummarizer`` lets the
+    policy write it (pass it to ``Harness.with_summarizer``)."""
+
+    def __call__(self, dropped: Sequence[Message], state: EpisodeState) -> str: ...
 
 
 def deterministic_digest(dropped: Sequence[Message], state: EpisodeState) -> str:
@@ -88,45 +93,6 @@ def deterministic_digest(dropped: Sequence[Message], state: EpisodeState) -> str
     if state.plan:
         lines.append("Plan: " + state.plan[:400])
     return "\n".join(lines)
-
-
-SUMMARY_INSTRUCTION = (
-    "You write the working memory of a software agent. Summarize the conversation below in a "
-    "few short lines: what was done, which files changed, which errors occurred, and what is "
-    "left to do. Keep exact file names, values and answers."
-)
-
-
-class PolicySummarizer:
-    """C2's option: the policy writes the digest instead of the deterministic one.
-
-    The summary is sampled greedily and is not trained on (it is harness-injected text in the
-    next prompt). A summary is asked for once per set of dropped turns; an empty or failed
-    generation falls back to the deterministic digest.
-    """
-
-    def __init__(self, policy: Any, max_new_tokens: int = 256, fallback: Summarizer = deterministic_digest) -> None:
-        self.policy, self.max_new_tokens, self.fallback = policy, max_new_tokens, fallback
-        self._memo: dict[tuple[int, ...], str] = {}
-
-    def __call__(self, dropped: Sequence[Message], state: EpisodeState) -> str:
-        from harnessrl.policy.base import GenerationRequest, SamplingParams
-
-        key = tuple(sorted({m.turn for m in dropped}))
-        if key in self._memo:
-            return self._memo[key]
-        transcript = "\n".join(f"[{m.role}] {m.content[:2000]}" for m in dropped)
-        tokenizer = self.policy.tokenizer
-        prompt = tokenizer.render(
-            [Message("system", SUMMARY_INSTRUCTION, SPAN_SUMMARY), Message("user", transcript, SPAN_SUMMARY)]
-        )
-        params = SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens, stop_token_ids=tokenizer.stop_token_ids)
-        generation = self.policy.generate([GenerationRequest(prompt.ids, params)])[0]
-        text = tokenizer.decode([i for i in generation.token_ids if i not in tokenizer.stop_token_ids]).strip()
-        if generation.finish_reason == "error" or not text:
-            return self.fallback(dropped, state)
-        summary = self._memo[key] = f"[Summary of earlier turns, written by the agent]\n{text}"
-        return summary
 
 
 @register

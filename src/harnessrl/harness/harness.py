@@ -13,6 +13,7 @@ from harnessrl.harness.base import (
     ToolInterface,
     Workflow,
 )
+from harnessrl.harness.context import Compaction, Summarizer
 from harnessrl.harness.registry import component_class, default_space, out_of_space_class
 from harnessrl.space import HarnessConfig
 
@@ -83,15 +84,12 @@ class Harness:
     def __repr__(self) -> str:
         return f"Harness({self.code!r})"
 
-    def with_policy_summaries(self, policy: object, max_new_tokens: int = 256) -> Harness:
-        """Makes a compaction context (C2) ask ``policy`` for its digests; other context
+    def with_summarizer(self, summarizer: Summarizer) -> Harness:
+        """Makes a compaction context (C2) write its digests with ``summarizer`` (e.g.
+        ``policy.summarizer.PolicySummarizer``, the policy's own summary); other context
         policies are left as they are. Returns the harness itself."""
-        from harnessrl.harness.context import Compaction, PolicySummarizer
-
         if isinstance(self.context, Compaction):
-            self.context = Compaction(
-                summarizer=PolicySummarizer(policy, max_new_tokens), budget_fraction=self.context.budget_fraction
-            )
+            self.context = Compaction(summarizer=summarizer, budget_fraction=self.context.budget_fraction)
         return self
 
     @classmethod

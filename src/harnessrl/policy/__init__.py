@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
+from harnessrl.policy.base import (
+    Generation,
+    GenerationRequest,
+    Policy,
+    SamplingParams,
+    WeightSyncedPolicy,
+)
 
 POLICY_SPECS = (
     "oracle | random | faulty | embedded | hf:<local model folder> | openai:<model>@<base url> "
@@ -44,4 +50,23 @@ def make_policy(spec: str, seed: int = 0, **kwargs: Any) -> Policy:
     raise ValueError(f"unknown policy {spec!r}; use one of: {POLICY_SPECS}")
 
 
-__all__ = ["POLICY_SPECS", "Generation", "GenerationRequest", "Policy", "SamplingParams", "make_policy"]
+def make_training_policy(model: str | None, device: str = "auto", dtype: Any = "auto") -> WeightSyncedPolicy:
+    """Returns the policy that rolls out for the trainer (``rl/loop.py``): an in-process
+    ``HFPolicy`` of the local model folder ``model`` (``None`` or ``"embedded"``: the embedded
+    default) on ``device`` with weights in ``dtype``. Any ``WeightSyncedPolicy`` can take its
+    place: the trainer uses only that interface."""
+    from harnessrl.policy.hf import HFPolicy
+
+    return HFPolicy(model, device=device, dtype=dtype)
+
+
+__all__ = [
+    "POLICY_SPECS",
+    "Generation",
+    "GenerationRequest",
+    "Policy",
+    "SamplingParams",
+    "WeightSyncedPolicy",
+    "make_policy",
+    "make_training_policy",
+]

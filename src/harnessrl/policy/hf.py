@@ -49,18 +49,19 @@ Conventions (what the trainer relies on):
   others run without it (one left-padded batched prefill into a plain ``DynamicCache``).
   ``cache_stats`` counts requests, hits, reused and prefilled tokens, evictions.
 * **Prefill** runs one request at a time (its uncached suffix only), then all requests decode
-  together in one batch whose KV lives in one preallocated tensor, written in place each step
-  (a finished request leaves the batch at once). In each decode step every length tier of the
+  together in one batch whose KV lives in one preallocated tensor (``policy/kv_slab.py``),
+  written in place each step (a finished request leaves the batch at once). In each decode step every length tier of the
   batch attends over only the columns its rows fill (``grouped_sdpa_attention``, registered with
   transformers as ``harnessrl_grouped_sdpa`` and used where the model ran SDPA): the same result
   as attending over the whole padded width, with fewer keys and values read.
   On this project's 2-core CPU a batched prefill is no cheaper per token than one request at a
   time and pays for padding; one row at a time also lets a later request of the same batch
   reuse the system prompt an earlier one just prefilled.
-* **Errors.** A request that cannot run (empty prompt, prompt that fills the context, ids
-  outside the vocabulary, invalid sampling parameters) and every request of a batch whose
-  generation raised come back as ``Generation([], [], "error", error=...)``; ``generate``
-  itself does not raise for them.
+* **Errors.** A request that cannot run (``policy.base.request_problem``: empty prompt, prompt
+  that fills the context, ids outside the vocabulary, invalid sampling parameters) and every
+  request of a batch whose generation raised come back as
+  ``Generation([], [], "error", error=...)``; ``generate`` itself does not raise for them.
+  ``max_new_tokens=0`` returns the empty ``length`` completion without running the model.
 """
 
 from __future__ import annotations
@@ -77,226 +78,28 @@ from typing import Any, cast
 import torch
 
 from harnessrl.harness.chat import HFChatTokenizer
-from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
+from harnessrl.policy.base import (
+    Generation,
+    GenerationRequest,
+    SamplingParams,
+    WeightSyncedPolicy,
+    triage_requests,
+)
+from harnessrl.policy.device import resolve_device, resolve_dtype
 from harnessrl.policy.embedded import resolve_model_path
+from harnessrl.policy.kv_slab import GROUPED_SDPA, KVSlab, row_groups
 from harnessrl.policy.prefix_cache import PrefixCache, PrefixCacheStats
+from harnessrl.policy.sampling import sample_index, top_p_filter
 
 # Models are local folders only; make sure no library reaches for a hub. Set before
 # transformers (imported below) loads huggingface_hub, which reads it at import.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
 
 
-def resolve_device(device: str) -> torch.device:
-    """Returns the torch device for ``device``: ``"auto"`` is CUDA when available, else CPU."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def cpu_has_native_bf16(cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo") -> bool:
-    """True when the CPU multiplies bfloat16 natively (Intel AMX or AVX512-BF16 flags).
-
-    There bfloat16 matrix products run several times faster than float32 (about 3.6x for a
-    2048x576x1536 product on a 2-core Xeon with AMX); elsewhere bfloat16 is emulated and slower.
-    """
-    try:
-        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[-1].split())
-            return bool(flags & {"amx_bf16", "avx512_bf16"})
-    return False
-
-
-def resolve_rollout_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """Returns the dtype of a trainer's rollout copy: ``"auto"`` is bfloat16 on CUDA and on CPUs
-    with native bfloat16 (``cpu_has_native_bf16``), float32 elsewhere; other values as
-    ``resolve_dtype``."""
-    if dtype == "auto":
-        native = device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16())
-        return torch.bfloat16 if native else torch.float32
-    return resolve_dtype(dtype, device)
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """Returns the weight dtype: ``"auto"`` is bfloat16 on CUDA and float32 elsewhere."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not one of auto, {', '.join(_DTYPES)}")
-    return _DTYPES[dtype]
-
-
-def sample_index(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Returns one index drawn from ``probs`` (one row, unnormalized is fine), shape [1].
-
-    Inverse-CDF sampling with exactly one uniform draw from ``generator`` per call, so a
-    request's stream of draws does not depend on anything else in the batch. (It is also
-    ~20x faster than ``torch.multinomial`` over a 49k vocabulary on CPU.) Zero-probability
-    entries are never drawn.
-    """
-    cdf = torch.cumsum(probs, dim=-1)
-    total = cdf[-1:]
-    uniform = torch.rand(1, generator=generator, device=probs.device, dtype=cdf.dtype) * total
-    # Rounding could make uniform == total, which would index past the last nonzero entry.
-    uniform = torch.minimum(uniform, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, uniform, right=True)
-
-
-def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Returns ``probs`` (one row, unnormalized is fine) with everything outside the nucleus
-    zeroed: the smallest set of most likely tokens whose mass reaches ``top_p`` is kept
-    (Holtzman et al. 2020, section 3.1). The most likely token is always kept."""
-    if top_p >= 1.0:
-        return probs
-    sorted_probs, order = torch.sort(probs, descending=True)
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p * sorted_probs.sum(), 0.0)
-    return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-
-
-GROUPED_SDPA = "harnessrl_grouped_sdpa"
-
-
-def grouped_sdpa_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    harnessrl_row_groups: Sequence[tuple[int, int, int]] | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """transformers' SDPA attention, except that in a decode step of a left-padded batch each
-    group ``(first_row, end_row, columns)`` attends over only the last ``columns`` key columns,
-    the ones its longest row fills; the rest of its columns are padding its mask zeroes anyway,
-    so the result is the same while the keys and values read drop by the padding. Without groups
-    (prefill, training, other callers) it is plain SDPA."""
-    if (
-        harnessrl_row_groups is None
-        or query.shape[2] != 1
-        or (attention_mask is not None and attention_mask.shape[-1] != key.shape[-2])
-    ):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)  # type: ignore[no-any-return]
-    outputs = []
-    for first, end, columns in harnessrl_row_groups:
-        mask = attention_mask
-        if mask is not None:
-            mask = (mask if mask.shape[0] == 1 else mask[first:end])[..., -columns:]
-        output, _ = sdpa_attention_forward(
-            module, query[first:end], key[first:end, :, -columns:], value[first:end, :, -columns:], mask, **kwargs
-        )
-        outputs.append(output)
-    return torch.cat(outputs), None
-
-
-AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_attention)
-ALL_MASK_ATTENTION_FUNCTIONS.register(GROUPED_SDPA, sdpa_mask)
-
-
-def row_groups(lengths: Sequence[int], keep: float = 0.8) -> list[tuple[int, int, int]]:
-    """Returns contiguous groups ``(first_row, end_row, columns)`` of a right-aligned batch: a row
-    joins the group before it while it fills at least ``keep`` of that group's ``columns`` (the
-    longest length in it). ``HFPolicy`` sorts rows longest first, so groups follow length tiers."""
-    groups: list[tuple[int, int, int]] = []
-    for row, length in enumerate(lengths):
-        if groups and length >= keep * groups[-1][2] and length <= groups[-1][2]:
-            first, _, columns = groups[-1]
-            groups[-1] = (first, row + 1, columns)
-        else:
-            groups.append((row, row + 1, length))
-    return groups
-
-
-class _KVSlab:
-    """The keys and values of a batch in one preallocated tensor, written in place.
-
-    ``buffer`` is ``[layers, 2, rows, kv_heads, capacity, head_dim]`` (it may be a view into a
-    larger slab); layer ``l`` holds columns ``[0, lengths[l])``. Growing a ``DynamicCache`` by
-    ``torch.cat`` copies the whole cache at every decode step, half the time of a 16-row step
-    at 1,500 tokens of context on this CPU; writing into room set aside up front does not.
-    """
-
-    def __init__(self, buffer: torch.Tensor, length: int) -> None:
-        self.buffer = buffer
-        self.lengths = [length] * buffer.shape[0]
-        self.layers: list[_SlabLayer] = []
-
-    def cache(self) -> DynamicCache:
-        """Returns a transformers ``DynamicCache`` whose layers read and write this slab."""
-        cache = DynamicCache()
-        self.layers = [_SlabLayer(self, index) for index in range(self.buffer.shape[0])]
-        cache.layers = list(self.layers)
-        return cache
-
-    def select(self, rows: torch.Tensor) -> None:
-        """Keeps only ``rows`` of the batch (finished requests leave it)."""
-        self.buffer = self.buffer[:, :, rows]
-        for layer in self.layers:
-            layer.refresh()
-
-
-class _SlabLayer(DynamicLayer):
-    """One layer's view of a ``_KVSlab``: ``update`` writes the new tokens into its columns."""
-
-    def __init__(self, slab: _KVSlab, index: int) -> None:
-        super().__init__()
-        self.slab, self.index = slab, index
-        self.device = slab.buffer.device
-        self.is_initialized = True
-        self.refresh()
-
-    def refresh(self) -> None:
-        """Points ``keys`` / ``values`` at the filled columns of the slab."""
-        length = self.slab.lengths[self.index]
-        self.keys = self.slab.buffer[self.index, 0, :, :, :length]
-        self.values = self.slab.buffer[self.index, 1, :, :, :length]
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Writes the new tokens' keys and values after the filled columns; returns all of them."""
-        start = self.slab.lengths[self.index]
-        end = start + key_states.shape[-2]
-        if end > self.slab.buffer.shape[-2]:
-            raise RuntimeError(f"KV slab of {self.slab.buffer.shape[-2]} columns cannot hold {end}")
-        self.slab.buffer[self.index, 0, :, :, start:end] = key_states
-        self.slab.buffer[self.index, 1, :, :, start:end] = value_states
-        self.slab.lengths[self.index] = end
-        self.refresh()
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.slab.lengths[self.index]
-
-    def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("a KV slab is not cropped")
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        raise NotImplementedError("select rows with _KVSlab.select, once for all layers")
-
-
-
-
-class HFPolicy(Policy):
+class HFPolicy(WeightSyncedPolicy):
     """A local transformers causal LM that samples batches of token-id prompts.
 
     ``model`` is a local transformers folder, or ``None`` / ``"embedded"`` for the embedded
@@ -390,6 +193,27 @@ class HFPolicy(Policy):
                 self.cache_stats.invalidations += 1
             self._weights_seen = None
 
+    def local_model(self) -> Any:
+        """Returns the transformers model this policy samples from (it lives in this process,
+        so the trainer may train it in place)."""
+        return self.model
+
+    def sync_weights(self, trained: torch.nn.Module) -> None:
+        """Makes later generations use the current weights of ``trained`` and drops the prefix
+        cache. ``trained`` is this policy's own model (nothing to copy), a model that wraps it
+        (a PEFT LoRA model around it: the policy samples through the wrapper from now on), or
+        a separate copy with the same parameter names (a float32 master copy: its parameters
+        are copied in, cast to this policy's dtype)."""
+        if trained is not self.model:
+            if any(module is self.model for module in trained.modules()):
+                self.model = trained
+            else:
+                with self._lock, torch.no_grad():
+                    targets = dict(self.model.named_parameters())
+                    for name, parameter in trained.named_parameters():
+                        targets[name].copy_(parameter)
+        self.clear_prefix_cache()
+
     def _drop_stale_prefix_cache(self) -> None:
         """Clears the prefix cache when the model object or a parameter's version counter
         changed since the last call (a safety net under ``clear_prefix_cache``)."""
@@ -403,16 +227,9 @@ class HFPolicy(Policy):
 
     def _generate_locked(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """``generate`` under the lock."""
-        results: list[Generation | None] = [None] * len(requests)
-        runnable: list[int] = []
-        for index, request in enumerate(requests):
-            problem = self._request_problem(request)
-            if problem is not None:
-                results[index] = Generation([], [], "error", error=problem)
-            elif request.params.max_new_tokens == 0:
-                results[index] = Generation([], [], "length")
-            else:
-                runnable.append(index)
+        results, runnable = triage_requests(
+            requests, context_length=self.context_length, vocab_size=self.vocab_size
+        )
         # Similar lengths share a batch, so little compute goes to padding, and rows come
         # longest first, so decode attention splits them into tight length tiers. Per-request
         # generators make the tokens independent of this grouping.
@@ -474,27 +291,6 @@ class HFPolicy(Policy):
             torch.cuda.empty_cache()
 
     # ---------------------------------------------------------------- internals
-
-    def _request_problem(self, request: GenerationRequest) -> str | None:
-        """Returns why ``request`` cannot run, or None when it can."""
-        params = request.params
-        prompt = request.prompt_ids
-        if len(prompt) == 0:
-            return "empty prompt: a request needs at least one prompt token"
-        if self.context_length is not None and len(prompt) >= self.context_length:
-            return (
-                f"prompt of {len(prompt)} tokens leaves no room in the model's context of "
-                f"{self.context_length} tokens"
-            )
-        if not all(isinstance(i, int) and 0 <= i < self.vocab_size for i in prompt):
-            return f"prompt holds ids that are not ints in the vocabulary [0, {self.vocab_size})"
-        if not (math.isfinite(params.temperature) and params.temperature >= 0):
-            return f"temperature must be finite and >= 0, got {params.temperature}"
-        if not (0 < params.top_p <= 1):
-            return f"top_p must be in (0, 1], got {params.top_p}"
-        if params.max_new_tokens < 0:
-            return f"max_new_tokens must be >= 0, got {params.max_new_tokens}"
-        return None
 
     def _generator(self, seed: int | None) -> torch.Generator:
         """Returns a fresh generator on the model's device seeded with ``seed`` (random if None)."""
@@ -558,7 +354,7 @@ class HFPolicy(Policy):
         for row, length in enumerate(prompt_lengths):
             attention_mask[row, width - length :] = 1
         next_positions = torch.tensor(prompt_lengths, device=self.device)
-        slab: _KVSlab | None = None
+        slab: KVSlab | None = None
         if self._full_attention:
             # Room for the prompts and every token but the last (which is never fed back).
             slab = self._new_slab(rows, width + max(budgets) - 1, width)
@@ -631,14 +427,14 @@ class HFPolicy(Policy):
             for row in range(rows)
         ]
 
-    def _new_slab(self, rows: int, capacity: int, length: int) -> _KVSlab:
+    def _new_slab(self, rows: int, capacity: int, length: int) -> KVSlab:
         """Returns an uninitialized KV slab for ``rows`` x ``capacity`` tokens that counts
         ``length`` columns as filled (the prefill writes them)."""
         layers, kv_heads, head_dim = self._kv_shape
         buffer = torch.empty(
             (layers, 2, rows, kv_heads, capacity, head_dim), dtype=self.dtype, device=self.device
         )
-        return _KVSlab(buffer, length)
+        return KVSlab(buffer, length)
 
     def _prefill_row(self, prompt: list[int], columns: torch.Tensor) -> torch.Tensor:
         """Prefills one prompt into ``columns`` (a view ``[layers, 2, 1, kv_heads, width, head_dim]``
@@ -662,7 +458,7 @@ class HFPolicy(Policy):
             columns[:, :, 0, :, at : at + piece.shape[-2]] = piece
             at += piece.shape[-2]
         prompt_columns = columns[..., pad:, :]
-        row_slab = _KVSlab(prompt_columns, reused)
+        row_slab = KVSlab(prompt_columns, reused)
         outputs = self.model(
             input_ids=torch.tensor([prompt[reused:]], device=self.device),
             position_ids=torch.arange(reused, length, device=self.device)[None],

@@ -45,9 +45,10 @@ returned text is re-tokenized locally (``tokenizer.completion_ids`` when the fin
 not the local tokenizer's. Such a policy says so: ``token_exact`` is False and
 ``capabilities["text_only"]`` is True.
 
-**Errors.** ``generate`` never raises: a request that fails (invalid parameters, connection
-refused, timeout, HTTP error, malformed response) comes back as
-``Generation([], [], "error", error=...)``. Connection errors, timeouts, HTTP 429 and 5xx are
+**Errors.** ``generate`` never raises: a request that fails (invalid parameters, see
+``policy.base.request_problem``; connection refused, timeout, HTTP error, malformed response)
+comes back as ``Generation([], [], "error", error=...)``; invalid requests and those with
+``max_new_tokens=0`` (the empty ``length`` completion) are answered without the server. Connection errors, timeouts, HTTP 429 and 5xx are
 retried ``max_retries`` times with exponential backoff (``Retry-After`` is honoured up to
 ``max_backoff_s``); other HTTP errors are not retried.
 """
@@ -72,7 +73,13 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.harness.chat import IM_END, IM_START, ChatTokenizer, HFChatTokenizer
-from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
+from harnessrl.policy.base import (
+    Generation,
+    GenerationRequest,
+    Policy,
+    SamplingParams,
+    triage_requests,
+)
 from harnessrl.policy.embedded import EMBEDDED_NAMES, resolve_model_path
 
 MODES = ("tokens", "text")
@@ -223,20 +230,6 @@ def _http_error_detail(error: urllib.error.HTTPError) -> str:
     return body[:300]
 
 
-def _request_problem(request: GenerationRequest) -> str | None:
-    """Returns why a request cannot be sent, or None."""
-    params = request.params
-    if not request.prompt_ids:
-        return "empty prompt"
-    if params.max_new_tokens < 1:
-        return f"max_new_tokens must be at least 1, got {params.max_new_tokens}"
-    if not params.temperature >= 0:
-        return f"temperature must be >= 0, got {params.temperature}"
-    if not 0 < params.top_p <= 1:
-        return f"top_p must be in (0, 1], got {params.top_p}"
-    return None
-
-
 def _error(message: str) -> Generation:
     return Generation([], [], "error", error=message)
 
@@ -315,15 +308,12 @@ class OpenAIPolicy(Policy):
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Returns one generation per request, in order; failed requests come back as
         ``error`` generations, never as exceptions."""
-        results: list[Generation | None] = [None] * len(requests)
+        results, runnable = triage_requests(requests)
         jobs: list[list[int]] = []  # each job: indices of the requests sent in one HTTP call
         groups: dict[SamplingParams, list[int]] = {}
-        for index, request in enumerate(requests):
-            problem = _request_problem(request)
-            if problem is not None:
-                results[index] = _error(problem)
-            elif self.batch_prompts:
-                groups.setdefault(request.params, []).append(index)
+        for index in runnable:
+            if self.batch_prompts:
+                groups.setdefault(requests[index].params, []).append(index)
             else:
                 jobs.append([index])
         jobs.extend(groups.values())

@@ -11,14 +11,13 @@ import random
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from harnessrl.harness.chat import ByteTokenizer, ChatTokenizer
-from harnessrl.policy.base import Generation, GenerationRequest, Policy
+from harnessrl.policy.base import EpisodeView, Generation, GenerationRequest, Policy, RequestContext
 from harnessrl.tasks.model import Action
 
 if TYPE_CHECKING:
-    from harnessrl.rollout.episode import Episode
     from harnessrl.trajectory import Trajectory
 
 
@@ -61,7 +60,8 @@ def describe_action(action: Action) -> str:
 
 
 class OraclePolicy(Policy):
-    """Replays each task's gold solution in the syntax of the episode's harness.
+    """Replays each task's gold solution in the syntax of the episode's harness (it reads the
+    request's ``EpisodeView``: task, harness, state).
 
     Under a plan-first workflow it first writes a plan; after a review it submits again.
     A gold solution without a submit gets one appended.
@@ -72,10 +72,10 @@ class OraclePolicy(Policy):
     def __init__(self, tokenizer: ChatTokenizer | None = None) -> None:
         self.tokenizer = tokenizer or ByteTokenizer()
         # episode -> index of its next gold action (weak: finished episodes drop out)
-        self._cursor: weakref.WeakKeyDictionary[Episode, int] = weakref.WeakKeyDictionary()
+        self._cursor: weakref.WeakKeyDictionary[EpisodeView, int] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
-    def _text(self, episode: Episode) -> str:
+    def _text(self, episode: EpisodeView) -> str:
         gold = list(episode.task.gold)
         if not gold or gold[-1].kind != "submit":
             gold.append(Action.submit(""))
@@ -93,7 +93,7 @@ class OraclePolicy(Policy):
         out = []
         for request in requests:
             episode = request.context
-            if episode is None:
+            if not isinstance(episode, EpisodeView):
                 out.append(Generation([], [], "error", error="the oracle needs the episode as context"))
                 continue
             out.append(_generation(self.tokenizer, self._text(episode), request.params.max_new_tokens))
@@ -152,11 +152,11 @@ SCRIPTED_POLICIES = {"oracle": OraclePolicy, "random": RandomPolicy}
 class CallbackPolicy(Policy):
     """Writes, for each request, the text ``respond(request.context)`` returns (tokenized,
     ended with the stop token, log-probabilities 0.0): a scripted policy for the server,
-    whose context is a ``serve.context.ServeContext``."""
+    whose context is a ``ConversationView`` (``serve.context.ServeContext``)."""
 
     name = "callback"
 
-    def __init__(self, respond: Callable[[Any], str], tokenizer: ChatTokenizer | None = None, name: str | None = None) -> None:
+    def __init__(self, respond: Callable[[RequestContext | None], str], tokenizer: ChatTokenizer | None = None, name: str | None = None) -> None:
         self.tokenizer = tokenizer or ByteTokenizer()
         self.respond = respond
         if name is not None:

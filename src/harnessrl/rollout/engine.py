@@ -164,7 +164,7 @@ class RolloutEngine:
         error = f"{type(exc).__name__}: {exc}"
         if slot.episode is not None:
             slot.episode.error = error
-            slot.episode._end("error")
+            slot.episode.end("error")
             try:
                 self._finish(slot)
                 return slot

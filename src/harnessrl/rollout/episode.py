@@ -112,9 +112,10 @@ class Episode:
         rendered = self.tokenizer.render(visible)
         self.harness_time_s += time.perf_counter() - t0
         if len(rendered) + self.sampling.max_new_tokens > self.limits.context_tokens:
-            self._end("context_exceeded")
+            self.end("context_exceeded")
             return None
         self._prompt = (rendered.ids, rendered.spans)
+        # The episode is the request's context: scripted policies read it as an EpisodeView.
         return GenerationRequest(list(rendered.ids), self.sampling, context=self)
 
     def advance(self, generation: Generation) -> None:
@@ -132,7 +133,7 @@ class Episode:
         self.turns.append(turn)
         if generation.finish_reason == "error":
             self.error = generation.error or "policy error"
-            self._end("error")
+            self.end("error")
             return
         policy_message = Message("assistant", text, SPAN_POLICY, token_ids=tuple(ids), turn=self.state.turn)
         self.history.append(policy_message)
@@ -153,7 +154,7 @@ class Episode:
             self.history.append(Message("user", reminder, SPAN_REMINDER, turn=self.state.turn))
         self.state.turn += 1
         if not self.done and self.state.turn >= self.limits.max_turns:
-            self._end("max_turns")
+            self.end("max_turns")
 
     def _act(self, text: str, turn: Turn, policy_message: Message) -> tuple[str, list[str]]:
         """Returns (observation, reminders) for the policy's text; runs its actions."""
@@ -175,7 +176,7 @@ class Episode:
             state.consecutive_format_errors += 1
             state.errors.append(parsed.error)
             if state.consecutive_format_errors >= self.limits.max_consecutive_format_errors:
-                self._end("format_errors")
+                self.end("format_errors")
             return harness.observation.format_error(parsed.error, kind), []
         state.consecutive_format_errors = 0
         turn.calls = [{"name": c.name, "arguments": c.arguments} for c in parsed.calls]
@@ -207,7 +208,7 @@ class Episode:
                 state.answer = output.submitted
                 decision = harness.workflow.on_submit(state, self.sandbox)
                 if decision.done:
-                    self._end("submitted")
+                    self.end("submitted")
                     return "", []
                 reminders.append(decision.message or "")
                 break  # a submit ends the turn; later calls in the same response are dropped
@@ -215,7 +216,9 @@ class Episode:
         state.last_failed = any(o.failed for o in self._last_outputs)
         return "\n".join(observations), reminders
 
-    def _end(self, status: str) -> None:
+    def end(self, status: str) -> None:
+        """Marks the episode done with ``status`` (``submitted``, ``max_turns``, ``error``, ...);
+        ``run_episode`` and the rollout engine call it when the episode fails outside ``advance``."""
         self.done, self.status = True, status
 
     # -- finish --------------------------------------------------------------------------
@@ -281,7 +284,7 @@ def run_episode(
         return episode.finish(policy.name)
     except Exception as exc:
         episode.error = f"{type(exc).__name__}: {exc}"
-        episode._end("error")
+        episode.end("error")
         return episode.finish(policy.name)
     finally:
         if owned:

@@ -15,7 +15,7 @@ from harnessrl.harness.chat import ChatTokenizer
 if TYPE_CHECKING:
     import torch
 
-    from harnessrl.harness.base import EpisodeState
+    from harnessrl.harness.base import EpisodeState, Message
     from harnessrl.harness.harness import Harness
     from harnessrl.tasks.model import Task
 
@@ -36,10 +36,14 @@ class EpisodeView(Protocol):
     """What a scripted policy may read from the episode asking (``rollout.episode.Episode``
     passes itself): the task (its gold solution), the harness (its tool interface renders an
     action in the harness's syntax, its workflow says whether a plan is due) and the episode's
-    state (turn, submits, plan). Model policies never read it."""
+    state (turn, submits, plan), and its history (the messages shown so far, each with its span
+    label). Model policies never read it."""
 
     @property
     def task(self) -> Task: ...
+
+    @property
+    def history(self) -> list[Message]: ...
 
     @property
     def harness(self) -> Harness: ...

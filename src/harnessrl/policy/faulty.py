@@ -25,12 +25,11 @@ from typing import TYPE_CHECKING
 
 from harnessrl.harness.base import SPAN_REMINDER, SPAN_SYSTEM, SPAN_TASK
 from harnessrl.harness.chat import ByteTokenizer, ChatTokenizer
-from harnessrl.policy.base import Generation, GenerationRequest, Policy
+from harnessrl.policy.base import EpisodeView, Generation, GenerationRequest, Policy
 from harnessrl.policy.scripted import _generation, describe_action, plan_text
 from harnessrl.tasks.model import Action
 
 if TYPE_CHECKING:
-    from harnessrl.rollout.episode import Episode
     from harnessrl.tasks.model import Task
 
 FAULTS: tuple[str, ...] = ("syntax", "never_submit", "ignore_error", "none")
@@ -53,7 +52,7 @@ def _main_step(gold: Sequence[Action]) -> int:
     return max(range(len(gold)), key=lambda i: sizes[i])
 
 
-def _harness_text(episode: Episode, spans: tuple[str, ...]) -> list[tuple[int, str]]:
+def _harness_text(episode: EpisodeView, spans: tuple[str, ...]) -> list[tuple[int, str]]:
     return [(m.turn, m.content) for m in episode.history if m.span in spans]
 
 
@@ -71,10 +70,10 @@ class FaultyPolicy(Policy):
 
     def __init__(self, tokenizer: ChatTokenizer | None = None) -> None:
         self.tokenizer = tokenizer or ByteTokenizer()
-        self._progress: weakref.WeakKeyDictionary[Episode, _Progress] = weakref.WeakKeyDictionary()
+        self._progress: weakref.WeakKeyDictionary[EpisodeView, _Progress] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
-    def _action(self, episode: Episode, fault: str, gold: list[Action], progress: _Progress) -> Action:
+    def _action(self, episode: EpisodeView, fault: str, gold: list[Action], progress: _Progress) -> Action:
         if fault == "ignore_error":
             step = _main_step(gold)
             if progress.cursor == step and progress.failed_turn is None:
@@ -93,7 +92,7 @@ class FaultyPolicy(Policy):
         progress.cursor += 1
         return action
 
-    def _text(self, episode: Episode) -> str:
+    def _text(self, episode: EpisodeView) -> str:
         gold = list(episode.task.gold)
         if not gold or gold[-1].kind != "submit":
             gold.append(Action.submit(""))
@@ -118,7 +117,7 @@ class FaultyPolicy(Policy):
         out = []
         for request in requests:
             episode = request.context
-            if episode is None:
+            if not isinstance(episode, EpisodeView):
                 out.append(Generation([], [], "error", error="the faulty policy needs the episode as context"))
                 continue
             out.append(_generation(self.tokenizer, self._text(episode), request.params.max_new_tokens))

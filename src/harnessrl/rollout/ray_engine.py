@@ -20,9 +20,10 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import fields
 from typing import Any
 
-from harnessrl.policy.base import Policy, SamplingParams
+from harnessrl.policy.base import Policy
 from harnessrl.rollout.engine import (
     EngineOptions,
     RolloutEngine,
@@ -30,7 +31,6 @@ from harnessrl.rollout.engine import (
     RolloutStats,
     _progress_bar,
 )
-from harnessrl.sandbox import SandboxLimits
 from harnessrl.trajectory import Trajectory
 
 PolicyFactory = Callable[[], Policy]
@@ -104,8 +104,9 @@ class RayRolloutEngine:
     """Runs rollout jobs over Ray actors that each hold a policy; same ``run`` as ``RolloutEngine``.
 
     ``policy_factory`` builds the policy inside each actor (e.g. ``functools.partial(HFPolicy,
-    model_dir)``). ``max_concurrent``, ``env_workers``, ``sampling``, ``backend`` and
-    ``sandbox_limits`` configure the engine in each actor, as for ``RolloutEngine``.
+    model_dir)``). The other keyword arguments of ``EngineOptions`` (``max_concurrent``,
+    ``env_workers``, ``sampling``, ``backend``, ``sandbox_limits``, ``batch_wait_s``) configure
+    the engine in each actor, as for ``RolloutEngine``.
     ``chunk_size`` is how many jobs an actor takes at a time (default: ``max_concurrent``, or
     an even split when there are fewer jobs than that per worker). ``actor_options`` are Ray
     resource options per actor (default ``{"num_cpus": 1}``; e.g. ``{"num_gpus": 1}`` for a GPU
@@ -121,19 +122,20 @@ class RayRolloutEngine:
         self,
         policy_factory: PolicyFactory,
         num_workers: int = 2,
-        max_concurrent: int = 8,
-        env_workers: int = 4,
-        sampling: SamplingParams | None = None,
-        backend: str = "auto",
-        sandbox_limits: SandboxLimits | None = None,
+        *,
         progress: bool = False,
         on_trajectory: Callable[[int, Trajectory], None] | None = None,
         chunk_size: int | None = None,
         ray_address: str | None = None,
         num_cpus: int | None = None,
         actor_options: Mapping[str, Any] | None = None,
+        **engine_options: Any,
     ) -> None:
-        options = EngineOptions(max_concurrent, env_workers, sampling, backend, sandbox_limits)
+        try:
+            options = EngineOptions(**engine_options)
+        except TypeError:
+            known = ", ".join(f.name for f in fields(EngineOptions))
+            raise TypeError(f"RayRolloutEngine: unknown options {sorted(engine_options)}; the engine's are {known}") from None
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if chunk_size is not None and chunk_size < 1:

@@ -34,7 +34,7 @@ from harnessrl.rescue.groups import (
     plan_rescue,
     signal_metrics,
 )
-from harnessrl.rescue.router import RandomRouter, TaskInfo, ValidationRecord, ValidationRouter
+from harnessrl.rescue.router import PairedValidation, RandomRouter, TaskInfo, ValidationRouter
 from harnessrl.rl.advantages import grpo_advantages
 from harnessrl.rollout.engine import RolloutEngine, RolloutJob
 from harnessrl.tasks.suite import load_suite
@@ -57,7 +57,7 @@ def main() -> None:
     policy = FaultyPolicy()
     engine = RolloutEngine(policy, max_concurrent=16, env_workers=4, backend=args.backend)
     # Evidence for the validation router: every sibling on 8 paired tasks (made up, fixed).
-    record = ValidationRecord(outcomes={name: {f"v{j}": (i + j) % 3 == 0 for j in range(8)}
+    record = PairedValidation(outcomes={name: {f"v{j}": (i + j) % 3 == 0 for j in range(8)}
                                         for i, name in enumerate([H0, *siblings])})
     routers = {"validation": ValidationRouter(record), "random": RandomRouter()}
     harness = {name: Harness.named(name, LIMITS) for name in [H0, *siblings]}

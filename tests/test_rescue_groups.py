@@ -18,10 +18,10 @@ from harnessrl.rescue.groups import (
 )
 from harnessrl.rescue.router import (
     VOTE_WEIGHTS,
+    PairedValidation,
     ProfileRouter,
     RandomRouter,
     TaskInfo,
-    ValidationRecord,
     ValidationRouter,
     aggregate_votes,
 )
@@ -161,14 +161,14 @@ def test_profile_router_takes_the_top_k_of_the_votes_breaks_ties_by_seed_and_cou
 
 def test_validation_router_ranks_by_margin_over_h0_and_re_anchoring_changes_the_routing():
     tasks = [f"t{i}" for i in range(6)]
-    first = ValidationRecord(outcomes={
+    first = PairedValidation(outcomes={
         "H0": dict.fromkeys(tasks, False),
         "H1": {t: i < 4 for i, t in enumerate(tasks)}, "H2": {t: i < 1 for i, t in enumerate(tasks)},
         "H3": dict.fromkeys(tasks, False),
     }, step=0)
     router = ValidationRouter(first, track=["H0"])
     assert router.route(TaskInfo("x"), "H0", ["H1", "H2", "H3"], 2, seed=0) == ["H1", "H2"]
-    later = ValidationRecord(outcomes={
+    later = PairedValidation(outcomes={
         "H0": {t: i < 3 for i, t in enumerate(tasks)},
         "H1": {t: i < 2 for i, t in enumerate(tasks)}, "H2": dict.fromkeys(tasks, True),
         "H3": {t: i < 3 for i, t in enumerate(tasks)},
@@ -181,14 +181,14 @@ def test_validation_router_ranks_by_margin_over_h0_and_re_anchoring_changes_the_
 
 
 def test_margins_are_relative_to_each_groups_own_h0():
-    record = ValidationRecord(outcomes={"A": {"t": True, "u": False}, "B": {"t": False, "u": False},
+    record = PairedValidation(outcomes={"A": {"t": True, "u": False}, "B": {"t": False, "u": False},
                                         "S": {"t": True, "u": True}})
     assert record.margin("S", "A") == pytest.approx(0.5) and record.margin("S", "B") == pytest.approx(1.0)
     assert record.margin("S", "missing") is None
 
 
 def test_per_family_validation_uses_the_task_family_when_it_has_evidence():
-    record = ValidationRecord(
+    record = PairedValidation(
         outcomes={"H0": {"a": False, "b": False, "c": False, "d": False},
                   "H1": {"a": True, "b": True, "c": False, "d": False},
                   "H2": {"a": False, "b": False, "c": True, "d": False}},
@@ -201,7 +201,7 @@ def test_per_family_validation_uses_the_task_family_when_it_has_evidence():
 
 
 def test_router_state_round_trips_and_routes_the_same_after_restore():
-    record = ValidationRecord(outcomes={"H0": {"a": False, "b": True}} | {
+    record = PairedValidation(outcomes={"H0": {"a": False, "b": True}} | {
         name: {"a": i % 3 == 0, "b": i % 2 == 0} for i, name in enumerate(SIBLINGS)})
     router, restored = ValidationRouter(record, per_family=True), ValidationRouter()
     assert restored.route(TaskInfo("t1"), "H0", SIBLINGS, 3, 0) != router.route(TaskInfo("t1"), "H0", SIBLINGS, 3, 0)

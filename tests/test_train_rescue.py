@@ -120,3 +120,18 @@ def test_resume_after_sigkill_routes_exactly_as_an_uninterrupted_run(tiny_model,
     for key in ("pairs", "rescue/sibling_selections", "tokens_generated"):
         assert [r[key] for r in resumed] == [r[key] for r in reference], key
     assert [("rescue_anchor" in r) for r in resumed] == [True, False, True]
+
+
+def test_a_sibling_pool_of_the_groups_harness_is_a_rescue_source(tiny_model, tmp_path):
+    from harnessrl.cli import main
+
+    pool_dir = tmp_path / "pool"
+    assert main(["pool", "from-space", "--base", H0, "--radius", "1", "--out", str(pool_dir)]) == 0
+    run_dir = tmp_path / "run"
+    overrides = rescue_overrides(tiny_model, run_dir, 1, siblings=f"pool:{pool_dir}", router="random")
+    train(load_config(preset="quick", overrides=overrides), log=lambda m: None)
+    record = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    chosen = record["rescue/sibling_selections"]
+    assert sum(chosen.values()) == 6 and all(name.startswith(f"{pool_dir}#") for name in chosen)
+    harnesses = {t.harness for t in load_jsonl(run_dir / "rollouts" / "step-000000.jsonl")}
+    assert harnesses == set(chosen) and not any(name.endswith("#H0") for name in harnesses)

@@ -203,10 +203,11 @@ def executor_rollouts_bound(cfg: TrainConfig) -> dict[str, int]:
 
         space = default_space()
         design = make_design(space, cfg.design, n=cfg.design_n, seed=cfg.seed, base=cfg.base_harness)
-        radius = int(cfg.siblings.partition(":")[2] or 1)
-        harnesses = set(design.codes)
-        for config in design.configs:
-            harnesses |= {c.code for c in space.neighbours(config, radius)}
+        from harnessrl.rl.rescue import Rescue
+
+        rescue = Rescue(cfg, design.codes, [], lambda name: None, lambda step, index: 0, log=lambda m: None,
+                        check_endpoints=False)
+        harnesses = set(rescue.validation_harnesses())
         anchors = 1 + (cfg.steps // cfg.reanchor_every if cfg.reanchor_every else 0)
         validation = anchors * len(harnesses) * cfg.rescue_validation_tasks
     return {"first_pass": first_pass, "rescue_at_most": rescue_max, "validation": validation}

@@ -241,11 +241,9 @@ def neighbour_sibling(base: HarnessConfig, config: HarnessConfig, round_: int = 
 def space_neighbours(base: str, radius: int = 1) -> list[Sibling]:
     """Returns every configuration at Hamming distance 1..radius of ``base`` as a sibling
     (radius 1 in the default space: 5 factors x 2 other levels = 10)."""
-    if radius < 1:
-        raise ValueError(f"radius must be >= 1, got {radius}")
     space = default_space()
     center = space.parse(base)
-    return [neighbour_sibling(center, c) for c in space.all_configs if 1 <= c.hamming(center) <= radius]
+    return [neighbour_sibling(center, c) for c in space.neighbours(center, radius)]
 
 
 def design_siblings(base: str, design: Design) -> list[Sibling]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from harnessrl.harness.harness import Harness, HarnessLimits
 from harnessrl.policy.base import Policy, SamplingParams
-from harnessrl.rescue.router import Router, TaskInfo, ValidationRecord, ValidationRouter
+from harnessrl.rescue.router import PairedValidation, Router, TaskInfo, ValidationRouter
 from harnessrl.rollout.engine import RolloutEngine, RolloutJob
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import Trajectory
@@ -65,13 +65,13 @@ RunJobs = Callable[[list[RolloutJob]], list[Trajectory]]
 def paired_validation(
     run_jobs: RunJobs, harness_of: Callable[[str], Harness], harnesses: Sequence[str], tasks: Sequence[Task],
     seed_of: Callable[[int], int], step: int = 0, keep: dict[str, dict[str, Trajectory]] | None = None,
-) -> ValidationRecord:
+) -> PairedValidation:
     """Returns each harness's outcome on each validation task: one run each, with the same
     seed for a task under every harness (``seed_of(task index)``), so the comparison is paired.
     ``keep`` receives the trajectories (harness -> task id -> trajectory), e.g. for profiles."""
     jobs = [RolloutJob(task, harness_of(name), seed=seed_of(i), tags={"harness": name})
             for name in harnesses for i, task in enumerate(tasks)]
-    record = ValidationRecord(families={t.id: t.family for t in tasks}, step=step)
+    record = PairedValidation(families={t.id: t.family for t in tasks}, step=step)
     for job, trajectory in zip(jobs, run_jobs(jobs), strict=True):
         record.outcomes.setdefault(job.tags["harness"], {})[job.task.id] = bool(trajectory.passed)
         if keep is not None:

@@ -105,7 +105,7 @@ class RandomRouter(_RankingRouter):
 
 
 @dataclass
-class ValidationRecord:
+class PairedValidation:
     """Paired validation outcomes: per harness (H0s and siblings alike), per task id, whether
     it was solved; the family of each task; and the update step the policy had when this was
     measured. Pairing is by task: a margin compares two harnesses on the tasks both ran."""
@@ -136,7 +136,7 @@ class ValidationRecord:
         return {"outcomes": self.outcomes, "families": self.families, "step": self.step}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ValidationRecord:
+    def from_dict(cls, data: Mapping[str, Any]) -> PairedValidation:
         return cls(
             outcomes={str(h): {str(k): bool(v) for k, v in o.items()} for h, o in data.get("outcomes", {}).items()},
             families={str(k): str(v) for k, v in data.get("families", {}).items()},
@@ -152,19 +152,19 @@ class ValidationRouter(_RankingRouter):
 
     name = "validation"
 
-    def __init__(self, record: ValidationRecord | None = None, per_family: bool = False,
+    def __init__(self, record: PairedValidation | None = None, per_family: bool = False,
                  track: Sequence[str] = ()) -> None:
-        self.record = record or ValidationRecord()
+        self.record = record or PairedValidation()
         self.per_family = per_family
         self.track = list(track)
         self.history: list[dict[str, Any]] = []
         if record is not None:
             self._remember(record)
 
-    def _remember(self, record: ValidationRecord) -> None:
+    def _remember(self, record: PairedValidation) -> None:
         self.history.append({"step": record.step, "margins": {h0: record.margins(h0) for h0 in self.track}})
 
-    def anchor(self, record: ValidationRecord) -> None:
+    def anchor(self, record: PairedValidation) -> None:
         """Replaces the validation evidence (a re-anchor) and records its margins."""
         self.record = record
         self._remember(record)
@@ -187,7 +187,7 @@ class ValidationRouter(_RankingRouter):
                 "history": self.history}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.record = ValidationRecord.from_dict(state.get("record", {}))
+        self.record = PairedValidation.from_dict(state.get("record", {}))
         self.per_family = bool(state.get("per_family", self.per_family))
         self.track = list(state.get("track", self.track))
         self.history = list(state.get("history", []))

@@ -115,7 +115,8 @@ class TrainConfig(BaseModel):
     siblings: str = Field(
         "space",
         description="where a group's siblings come from: 'space' (its Hamming-1 neighbours in the harness space), "
-        "'space:R' (distance <= R)",
+        "'space:R' (distance <= R), 'pool:DIR' (the members of a sibling pool whose H0 is the group's harness; "
+        "`harnessrl pool`), or both joined by '+', e.g. 'space+pool:pools/h0'",
     )
     router: Literal["validation", "profile", "random"] = Field(
         "validation",
@@ -180,9 +181,12 @@ class TrainConfig(BaseModel):
         if self.rescue == "siblings" and self.router == "profile" and not self.profile_voters:
             raise ValueError("router 'profile' needs profile_voters: MODEL@URL of one or more OpenAI-compatible "
                              "endpoints (e.g. a `harnessrl serve` of a local model); or use router: validation")
-        kind, _, radius = self.siblings.partition(":")
-        if kind != "space" or (radius and not (radius.isdigit() and int(radius) >= 1)):
-            raise ValueError(f"siblings must be 'space' or 'space:R' with R >= 1, got {self.siblings!r}")
+        for part in self.siblings.split("+"):
+            kind, _, value = part.partition(":")
+            if not ((kind == "space" and (not value or (value.isdigit() and int(value) >= 1)))
+                    or (kind == "pool" and value)):
+                raise ValueError(f"siblings: {part!r} is not 'space', 'space:R' (R >= 1) or 'pool:DIR'; "
+                                 f"join several with '+', e.g. 'space+pool:pools/h0'")
         return self
 
     @model_validator(mode="after")

@@ -4,7 +4,7 @@ The loop per step (Harness-S Algorithm 1, online part), for ``rescue: siblings``
 
     anchor:  at step 0 and every ``reanchor_every`` updates: freeze the policy, roll it out
              once per (harness, validation task) under every group harness and its siblings,
-             and hand the outcomes to the router (``ValidationRecord``); once more at the end
+             and hand the outcomes to the router (``PairedValidation``); once more at the end
     rollout: G rollouts per (task, H0) pair, as in plain GRPO
     rescue:  every group that failed entirely -> the router picks K siblings of its H0 -> one
              rollout each from the task's initial state -> the rescue group replaces it
@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from harnessrl.harness.registry import default_space
+from harnessrl.harness.siblings import BASE_ID
 from harnessrl.rescue.groups import (
     GroupInfo,
     RescueStats,
@@ -31,6 +32,7 @@ from harnessrl.rescue.groups import (
     mixture_harnesses,
     plan_rescue,
 )
+from harnessrl.rescue.pool import Pool
 from harnessrl.rescue.profiles import ProfileWriter, client_from_spec, llm_voter, require_reachable
 from harnessrl.rescue.rank1 import paired_validation
 from harnessrl.rescue.router import ProfileRouter, RandomRouter, Router, ValidationRouter
@@ -54,13 +56,20 @@ class Rescue:
         harness_of: HarnessOf,
         seed_of: Callable[[int, int], int],
         log: Callable[[str], None] = print,
+        check_endpoints: bool = True,
     ) -> None:
         self.cfg = cfg
         self.group_harnesses = list(dict.fromkeys(group_harnesses))
         self.validation_tasks = list(validation_tasks)
         self.harness_of, self.seed_of, self.log = harness_of, seed_of, log
-        _, _, radius = cfg.siblings.partition(":")
-        self.radius = int(radius) if radius else 1
+        self.radius = 0  # the space's neighbours up to this distance (0: none)
+        self.pools: list[Pool] = []
+        for part in cfg.siblings.split("+"):
+            kind, _, value = part.partition(":")
+            if kind == "space":
+                self.radius = int(value) if value else 1
+            else:
+                self.pools.append(Pool.load(value))
         self._siblings: dict[str, list[str]] = {}
         self.writer: ProfileWriter | None = None
         self.router: Router
@@ -69,7 +78,7 @@ class Rescue:
         elif cfg.router == "profile":
             clients = [client_from_spec(spec) for spec in cfg.profile_voters]
             writer = client_from_spec(cfg.profile_writer or cfg.profile_voters[0])
-            for client in {c.endpoint: c for c in [*clients, writer]}.values():
+            for client in {c.endpoint: c for c in [*clients, writer]}.values() if check_endpoints else ():
                 require_reachable(client)
             self.router = ProfileRouter([llm_voter(c, seed=cfg.seed + i) for i, c in enumerate(clients)])
             self.writer = ProfileWriter(writer)
@@ -79,10 +88,17 @@ class Rescue:
 
     # -- siblings ------------------------------------------------------------------------------
     def siblings_of(self, h0: str) -> list[str]:
-        """Returns the sibling names of a group harness: its neighbours in the space."""
+        """Returns the sibling names of a group harness: its neighbours in the space, and the
+        members (``DIR#ID``) of every configured pool built on it."""
         if h0 not in self._siblings:
-            space = default_space()
-            self._siblings[h0] = [c.code for c in space.neighbours(space.parse(h0), self.radius)]
+            names: list[str] = []
+            if self.radius:
+                space = default_space()
+                names += [c.code for c in space.neighbours(space.parse(h0), self.radius)]
+            for pool in self.pools:
+                if pool.base == h0:
+                    names += [pool.member_name(i) for i in pool.ids if i != BASE_ID]
+            self._siblings[h0] = names
         return self._siblings[h0]
 
     def mixture(self, h0: str, seed: int) -> list[str]:

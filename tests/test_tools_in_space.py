@@ -233,5 +233,8 @@ def test_t2_runs_several_calls_in_order_and_limits_them(sandbox):
 
 
 def test_t2_bash_timeout_is_in_milliseconds(sandbox):
-    out = call(FineGrainedTaggedTools(), sandbox, "Bash", command="sleep 5", timeout=300)
-    assert out.timed_out and out.failed and out.duration_s < 4
+    # 300 read as seconds would let the command finish and print; read as milliseconds it is cut.
+    out = call(FineGrainedTaggedTools(), sandbox, "Bash", command="sleep 5; echo finished", timeout=300)
+    assert out.timed_out and out.failed and "finished" not in out.output
+    done = call(FineGrainedTaggedTools(), sandbox, "Bash", command="echo finished", timeout=60_000)
+    assert not done.timed_out and done.output == "finished\n"

@@ -164,9 +164,6 @@ class SiblingTools(_Wrapped, ToolInterface):
     def render(self, action: Action, thought: str = "") -> str:
         return self.inner.render(action, thought)
 
-    def stop_sequences(self) -> list[str]:
-        return self.inner.stop_sequences()
-
 
 class SiblingObservation(_Wrapped, ObservationFormat):
     """The base observation format, with outputs past ``output_chars`` cut to head and tail."""

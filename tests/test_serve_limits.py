@@ -262,8 +262,10 @@ def test_the_recorder_stays_within_its_memory_bound_over_a_long_session():
     assert len(trajectory.turns) == 60 and trajectory.turns[-1].prompt_ids == records[-1]["prompt_ids"]
     assert recorder.sessions() == ["long", "other"]
     recorder.end("long")  # a finished conversation leaves memory; its records stay readable
-    assert recorder.memory_bytes <= bound and "long" not in recorder.sessions_in_memory()
+    recorder.end("other")
+    assert recorder.memory_bytes == 0
     assert [r["index"] for r in recorder.records("long")] == list(range(60))
+    assert len(recorder.records("other")) == 1
     spill = recorder.spill_dir
     assert spill is not None and spill.is_dir()
     recorder.close()
@@ -339,3 +341,12 @@ def test_serve_refuses_non_positive_limits(flag, capsys):
 
     assert main(["serve", "--policy", "random", flag, "0"]) == 2
     assert flag in capsys.readouterr().err
+
+
+def test_the_command_line_defaults_are_the_servers():
+    from harnessrl.cli import serve as serve_cli
+    from harnessrl.serve import app, runner
+
+    assert serve_cli.MAX_REQUEST_BYTES == app.MAX_REQUEST_BYTES
+    assert serve_cli.BODY_TIMEOUT_S == app.BODY_TIMEOUT_S
+    assert serve_cli.HEADER_TIMEOUT_S == runner.HEADER_TIMEOUT_S

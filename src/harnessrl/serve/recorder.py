@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -243,6 +244,8 @@ class ConversationRecorder:
             else:
                 if self.spill_dir is None:
                     self.spill_dir = Path(tempfile.mkdtemp(prefix="harnessrl-records-"))
+                    # Removed at exit too, for owners that never call close().
+                    weakref.finalize(self, shutil.rmtree, self.spill_dir, ignore_errors=True)
                 folder = self.spill_dir
             conversation.own_file = folder / session_file_name(session)
             # A record folder may hold this session's records of an earlier server: not ours.
@@ -275,9 +278,9 @@ class ConversationRecorder:
             conversation = self._conversations[session]
             lines = []
             for path, offset in conversation.files:
-                with path.open("r", encoding="utf-8") as handle:
+                with path.open("rb") as handle:
                     handle.seek(offset)
-                    lines += [line for line in handle.read().splitlines() if line.strip()]
+                    lines += [line for line in handle.read().decode("utf-8").splitlines() if line.strip()]
             lines += conversation.lines
         records = [json.loads(line) for line in lines]
         return [r for r in records if r["session"] == session and (thread is None or r.get("thread", 0) == thread)]

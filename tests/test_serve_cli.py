@@ -60,8 +60,9 @@ def test_checkpoint_folder_is_found_in_a_run_a_step_or_a_model_folder(tmp_path):
     step = tmp_path / "run" / "checkpoints" / "step-000004" / "model"
     step.mkdir(parents=True)
     (step / "config.json").write_text("{}")
-    (step.parent / STATE_FILE).write_text("{}")  # what makes a checkpoint complete
-    (step.parent / "optim.pt").write_bytes(b"")
+    (step / "model.safetensors").write_bytes(b"weights")
+    (step.parent / STATE_FILE).write_text("{}")  # with the weights and optimizer: a complete checkpoint
+    (step.parent / "optim.pt").write_bytes(b"optimizer")
     assert checkpoint_model_folder(str(tmp_path / "run")) == step
     assert checkpoint_model_folder(str(step.parent)) == step
     assert checkpoint_model_folder(str(step)) == step

@@ -159,3 +159,45 @@ def test_update_field_errors_name_the_fix(sets, expected):
 def test_update_field_error_reaches_the_command_line(capsys):
     err = train_error(capsys, "--set", "mini_batches=100")
     assert "mini_batches 100 exceeds the rollouts per step" in err
+
+
+def test_an_unknown_sandbox_backend_is_refused_naming_the_choices_and_the_fix(capsys):
+    err = train_error(capsys, "--set", "sandbox_backend=docker")
+    assert "field sandbox_backend" in err and "'docker'" in err
+    assert "auto, bwrap, unshare, none" in err
+    assert "auto" in err.split("'docker'")[1]  # the fix: a backend that exists
+    with pytest.raises(ValueError, match="sandbox_backend"):
+        load_config(overrides={"sandbox_backend": "docker"})
+    for backend in ("auto", "bwrap", "unshare", "none"):
+        assert load_config(overrides={"sandbox_backend": backend}).sandbox_backend == backend
+
+
+def test_device_and_dtype_are_checked_against_what_torch_takes(capsys):
+    err = train_error(capsys, "--set", "device=gpu")
+    assert "field device" in err and "'gpu'" in err and "cuda" in err
+    err = train_error(capsys, "--set", "dtype=float8")
+    assert "field dtype" in err and "bfloat16" in err
+    for device in ("auto", "cpu", "cuda", "cuda:1", "mps"):
+        assert load_config(overrides={"device": device}).device == device
+    for dtype in ("auto", "float32", "bf16", "float16"):
+        assert load_config(overrides={"dtype": dtype}).dtype == dtype
+
+
+def test_a_missing_binary_or_folder_config_file_is_named_in_the_error(tmp_path, capsys):
+    missing = tmp_path / "missing.yaml"
+    err = train_error(capsys, "--config", str(missing))
+    assert str(missing) in err and "does not exist" in err
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    err = train_error(capsys, "--config", str(binary))
+    assert str(binary) in err and "not UTF-8 text" in err
+    err = train_error(capsys, "--config", str(tmp_path))
+    assert str(tmp_path) in err and "not a file" in err
+
+
+def test_resume_of_a_missing_run_directory_says_so_and_fails(tmp_path, capsys):
+    missing = tmp_path / "no-such-run"
+    assert main(["train", "--run-dir", str(missing), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert str(missing) in err and "nothing to resume" in err
+    assert not missing.exists()

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import threading
 from pathlib import Path
 from typing import Any
 
 from harnessrl.policy import POLICY_SPECS, Policy, make_policy
+
+API_KEY_VARIABLE = "HARNESSRL_API_KEY"
+# The server's defaults (serve/app.py, serve/runner.py), repeated so that --help does not import them.
+MAX_REQUEST_BYTES, BODY_TIMEOUT_S, HEADER_TIMEOUT_S = 16 << 20, 60.0, 30.0
 
 
 def register(subparsers: Any) -> None:
@@ -26,13 +31,24 @@ def register(subparsers: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
     p.add_argument("--uds", default=None, help="listen on this Unix-domain socket file instead of TCP")
-    p.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key); default: accept any")
+    p.add_argument(
+        "--api-key", default=None,
+        help=f"require this key (Bearer or x-api-key); default: the {API_KEY_VARIABLE} environment variable "
+        "when set (it keeps the key out of `ps`), else accept any key",
+    )
     p.add_argument("--record-dir", default=None, help="append every exchange to <dir>/<session>.jsonl")
     p.add_argument("--model-name", default=None, help="model id to report (default: the policy's name)")
     p.add_argument("--max-tokens", type=int, default=1024, help="output tokens when a request names no limit")
     p.add_argument("--context-tokens", type=int, default=None, help="context window (default: the model's)")
     p.add_argument("--max-batch-size", type=int, default=64, help="requests per policy batch")
     p.add_argument("--seed", type=int, default=0, help="seed for scripted policies")
+    p.add_argument("--max-request-bytes", type=int, default=MAX_REQUEST_BYTES,
+                   help="larger request bodies get a 413 before they are read (default: %(default)s)")
+    p.add_argument("--body-timeout", type=float, default=BODY_TIMEOUT_S,
+                   help="seconds a request body may take to arrive, else a 408 (default: %(default)s)")
+    p.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT_S,
+                   help="seconds a request's headers may take to arrive, else the connection is closed "
+                   "(default: %(default)s)")
     p.set_defaults(func=run_serve)
 
 
@@ -74,19 +90,27 @@ def run_serve(args: argparse.Namespace) -> int:
     from harnessrl.serve.recorder import ConversationRecorder
     from harnessrl.serve.runner import ServerThread
 
+    for flag, value in (("--max-request-bytes", args.max_request_bytes), ("--body-timeout", args.body_timeout),
+                        ("--header-timeout", args.header_timeout)):
+        if not value > 0:
+            raise ValueError(f"{flag} must be positive, got {value}")
+    api_key = args.api_key or os.environ.get(API_KEY_VARIABLE) or None
     policy = load_policy(args)
     recorder = ConversationRecorder(args.record_dir)
     app = create_app(
-        policy, model_name=args.model_name, api_key=args.api_key, recorder=recorder,
+        policy, model_name=args.model_name, api_key=api_key, recorder=recorder,
         default_max_tokens=args.max_tokens, max_batch_size=args.max_batch_size,
-        context_length=args.context_tokens,
+        context_length=args.context_tokens, max_request_bytes=args.max_request_bytes,
+        body_timeout_s=args.body_timeout,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with ServerThread(app, host=args.host, port=args.port, uds=args.uds, log_level="info") as server:
+    with ServerThread(app, host=args.host, port=args.port, uds=args.uds, log_level="info",
+                      header_timeout_s=args.header_timeout) as server:
         where = f"unix socket {args.uds}" if args.uds else f"{server.base_url}/v1"
         print(f"harnessrl serve: {app.state.model_name} at {where}", flush=True)
         stop.wait()
     policy.close()
+    recorder.close()
     return 0

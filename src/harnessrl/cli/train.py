@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from harnessrl.rl.config import PRESETS, load_config, parse_set_overrides
@@ -22,7 +23,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--config", default=None, help="YAML file of TrainConfig fields (may name a preset)")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="start from a preset")
     p.add_argument("--run-dir", default=None, help="run directory (default: runs/<preset>-<time>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last complete checkpoint (the folder must exist)")
     p.add_argument("--steps", type=int, default=None, help="override the number of steps")
     p.add_argument("--model", default=None, help="override the model (embedded or a local folder)")
     p.add_argument("--seed", type=int, default=None, help="override the seed")
@@ -43,6 +44,11 @@ def run_train(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or parse_set_overrides(sets).get("run_dir")
     if args.resume and not run_dir:
         raise ValueError("--resume needs --run-dir naming the run to continue")
+    if args.resume and not Path(run_dir).is_dir():
+        raise ValueError(
+            f"--resume: run directory {run_dir} does not exist, so there is nothing to resume "
+            "(check the path, or leave out --resume to start a new run there)"
+        )
     run_dir = run_dir or f"runs/{args.preset or 'quick'}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = load_config(
         args.config, args.preset,

@@ -1,9 +1,14 @@
-"""Checkpoints: model (or adapter), optimizer, scheduler, step and random states, written atomically.
+"""Checkpoints: model (or adapter), optimizer, scheduler, step and random states, crash-safe.
 
-A checkpoint is a folder ``step-000042`` written as ``.tmp-step-000042`` and renamed into
-place only when complete (``os.replace`` is atomic on one filesystem), so a run killed with
-SIGKILL mid-write leaves the previous checkpoint intact and resume loses at most the step
-in flight.
+A checkpoint is a folder ``step-000042``. It is written as ``.tmp-step-000042`` (every file
+fsynced, ``manifest.json`` listing each file and its size written last), then renamed into
+place. Saving a step that already exists (the final save after the last evaluation) first
+renames the old folder to ``.old-step-000042``, then the new one into place, then removes
+the old one: at every moment one complete copy exists, so a run killed with SIGKILL anywhere
+in the save path keeps its last complete checkpoint. ``latest_checkpoint`` only returns a
+folder that holds every file the loader needs, and considers a complete copy stranded in a
+``.tmp-``/``.old-`` folder; ``recover_checkpoints`` (run by a resuming trainer, the folder's
+only writer) moves such a copy into place and removes what is incomplete or superseded.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -19,6 +25,14 @@ import numpy as np
 import torch
 
 STATE_FILE = "trainer_state.json"
+MANIFEST_FILE = "manifest.json"
+OPTIMIZER_FILE = "optim.pt"
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "adapter_model.safetensors", "adapter_model.bin")
+MODEL_CONFIG_FILES = ("config.json", "adapter_config.json")
+# Folder name -> (step, rank): a placed checkpoint outranks a new copy, which outranks an old one.
+_FOLDER = re.compile(r"^(?P<prefix>\.tmp-|\.old-|\.trash-)?step-(?P<step>\d+)$")
+_RANK = {None: 2, ".tmp-": 1, ".old-": 0}
 
 
 def _rng_state() -> dict[str, Any]:
@@ -38,6 +52,56 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _fsync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _write_synced(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")
+    _fsync(path)
+
+
+def _manifest(folder: Path) -> dict[str, int]:
+    """Returns every file under ``folder`` (relative path -> size), fsyncing each and each
+    folder on the way, so that what the manifest lists is on disk before it is."""
+    files: dict[str, int] = {}
+    for directory, _, names in sorted(os.walk(folder)):
+        for name in sorted(names):
+            path = Path(directory) / name
+            _fsync(path)
+            files[path.relative_to(folder).as_posix()] = path.stat().st_size
+        _fsync(Path(directory))
+    return files
+
+
+def checkpoint_is_complete(folder: Path) -> bool:
+    """Returns whether ``folder`` holds every file a resume or an evaluation loads: the
+    trainer state, the optimizer state, the model's config and weights (with a manifest,
+    each file it lists at its recorded size; without one, a checkpoint written before
+    manifests existed, each of those files present and non-empty)."""
+    manifest = folder / MANIFEST_FILE
+    if manifest.is_file():
+        try:
+            files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+            present = all((folder / name).is_file() and (folder / name).stat().st_size == size for name, size in files.items())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return False
+        names = set(files)
+    else:
+        names = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.stat().st_size > 0}
+        present = True
+    return (
+        present
+        and {STATE_FILE, OPTIMIZER_FILE} <= names
+        and any(f"model/{name}" in names for name in MODEL_CONFIG_FILES)
+        and any(f"model/{name}" in names for name in WEIGHT_FILES)
+    )
+
+
 def save_checkpoint(
     run_dir: str | Path,
     step: int,
@@ -49,44 +113,128 @@ def save_checkpoint(
     keep: int = 2,
     extra_modules: dict[str, torch.nn.Module] | None = None,
 ) -> Path:
-    """Writes checkpoint ``step`` (the number of completed steps) and prunes old ones; returns its path."""
+    """Writes checkpoint ``step`` (the number of completed steps), replacing an existing one of
+    the same step without ever leaving none, and prunes all but the newest ``keep``; returns
+    its path."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:06d}"
-    tmp = root / f".tmp-step-{step:06d}"
+    name = f"step-{step:06d}"
+    final, tmp, old = root / name, root / f".tmp-{name}", root / f".old-{name}"
     if tmp.exists():
-        shutil.rmtree(tmp)
+        shutil.rmtree(tmp)  # an unfinished earlier attempt at this step
     tmp.mkdir()
     model.save_pretrained(tmp / "model", safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp / "model")
     torch.save(
         {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict() if scheduler else None, "rng": _rng_state()},
-        tmp / "optim.pt",
+        tmp / OPTIMIZER_FILE,
     )
-    for name, module in (extra_modules or {}).items():
-        torch.save(module.state_dict(), tmp / f"{name}.pt")
+    for module_name, module in (extra_modules or {}).items():
+        torch.save(module.state_dict(), tmp / f"{module_name}.pt")
     (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2), encoding="utf-8")
+    _write_synced(tmp / MANIFEST_FILE, json.dumps({"step": step, "files": _manifest(tmp)}, indent=2))
+    _fsync(tmp)
     if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    for old in sorted(root.glob("step-*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        if old.exists():
+            shutil.rmtree(old)  # superseded long ago: ``final`` is complete
+        os.rename(final, old)
+    os.rename(tmp, final)
+    _fsync(root)
+    if old.exists():
+        shutil.rmtree(old)
+    _prune(root, keep)
     return final
 
 
+def _placed(root: Path) -> list[tuple[int, Path]]:
+    """Returns the complete checkpoints in place (``step-*``), oldest first."""
+    out = []
+    for path in root.glob("step-*"):
+        match = _FOLDER.match(path.name)
+        if match and path.is_dir() and checkpoint_is_complete(path):
+            out.append((int(match["step"]), path))
+    return sorted(out)
+
+
+def _prune(root: Path, keep: int) -> None:
+    """Removes every checkpoint older than the newest ``keep`` complete ones; each is renamed
+    out of ``step-*`` first, so none is ever seen half deleted."""
+    placed = _placed(root)
+    if not placed:
+        return
+    kept = {path for _, path in placed[-keep:]}
+    oldest_kept = placed[-keep:][0][0]
+    for path in sorted(root.glob("step-*")):
+        match = _FOLDER.match(path.name)
+        if match and path not in kept and int(match["step"]) < oldest_kept:
+            trash = root / f".trash-{path.name}"
+            if trash.exists():
+                shutil.rmtree(trash)
+            os.rename(path, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """Returns the newest complete checkpoint of a run, or None."""
+    """Returns the newest complete checkpoint of a run (see ``checkpoint_is_complete``), or
+    None. A step whose folder is missing or incomplete but has a complete copy stranded by
+    a kill mid-save (``.tmp-step-*``, else ``.old-step-*``) returns that copy."""
     root = Path(run_dir) / "checkpoints"
-    complete = [p for p in sorted(root.glob("step-*")) if (p / STATE_FILE).exists() and (p / "optim.pt").exists()]
-    return complete[-1] if complete else None
+    if not root.is_dir():
+        return None
+    best: tuple[int, int, Path] | None = None
+    for path in root.iterdir():
+        match = _FOLDER.match(path.name)
+        if not match or match["prefix"] == ".trash-" or not path.is_dir():
+            continue
+        key = (int(match["step"]), _RANK[match["prefix"]], path)
+        if (best is None or key[:2] > best[:2]) and checkpoint_is_complete(path):
+            best = key
+    return best[2] if best else None
+
+
+def recover_checkpoints(run_dir: str | Path) -> list[str]:
+    """Repairs what a kill mid-save left in a run's checkpoints (call it only from the run's
+    writer, before it resumes): a step with no complete folder gets its newest complete
+    stranded copy moved into place; stranded copies that are incomplete or superseded, and
+    half-pruned folders, are removed. Returns one message per action."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    messages = []
+    stranded: dict[int, list[Path]] = {}
+    for path in sorted(root.iterdir()):
+        match = _FOLDER.match(path.name)
+        if match and match["prefix"] == ".trash-":
+            shutil.rmtree(path, ignore_errors=True)
+            messages.append(f"removed {path} (a checkpoint being pruned when the run stopped)")
+        elif match and match["prefix"] is not None:
+            stranded.setdefault(int(match["step"]), []).append(path)
+    for step, paths in sorted(stranded.items()):
+        final = root / f"step-{step:06d}"
+        if not (final.is_dir() and checkpoint_is_complete(final)):
+            copies = sorted((p for p in paths if checkpoint_is_complete(p)), key=lambda p: -_RANK[_FOLDER.match(p.name)["prefix"]])
+            if copies:
+                if final.exists():
+                    shutil.rmtree(final)
+                    messages.append(f"removed {final} (incomplete)")
+                os.rename(copies[0], final)
+                _fsync(root)
+                paths = [p for p in paths if p != copies[0]]
+                messages.append(f"recovered {final.name} from {copies[0]} (the run stopped while saving it)")
+        for path in paths:
+            complete = checkpoint_is_complete(path)
+            shutil.rmtree(path)
+            reason = f"{final.name} is complete" if complete else "incomplete"
+            messages.append(f"removed {path} ({reason}: left by a run that stopped while saving)")
+    return messages
 
 
 def load_training_state(
     checkpoint: Path, optimizer: torch.optim.Optimizer, scheduler: Any
 ) -> dict[str, Any]:
     """Restores optimizer, scheduler and random states; returns the saved trainer state."""
-    blob = torch.load(checkpoint / "optim.pt", map_location="cpu", weights_only=False)
+    blob = torch.load(checkpoint / OPTIMIZER_FILE, map_location="cpu", weights_only=False)
     optimizer.load_state_dict(blob["optimizer"])
     if scheduler is not None and blob.get("scheduler") is not None:
         scheduler.load_state_dict(blob["scheduler"])
@@ -99,6 +247,11 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, Path | None]:
     (whose newest complete checkpoint is used); raises ``FileNotFoundError`` naming the fix."""
     path = Path(path)
     if (path / "model").is_dir() and (path / STATE_FILE).exists():
+        if not checkpoint_is_complete(path):
+            raise FileNotFoundError(
+                f"{path}: an incomplete checkpoint (a file the loader needs is missing or cut short); "
+                "pass its run directory to use the newest complete one"
+            )
         run_dir = path.parent.parent if path.parent.name == "checkpoints" else None
         return path, run_dir
     checkpoint = latest_checkpoint(path)

@@ -8,13 +8,19 @@ neighbour pairing over the OA(18) design, 300 steps; the Harness Scaling paper).
 from __future__ import annotations
 
 import difflib
+import re
 import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from harnessrl.sandbox import BACKENDS
+
+# The names `policy/hf.py` resolves (importing it here would import torch with the config).
+DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 
 
 class TrainConfig(BaseModel):
@@ -168,6 +174,31 @@ class TrainConfig(BaseModel):
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
     seed: int = Field(0, description="seed of every random choice")
     run_dir: str = Field("runs/latest", description="where metrics, checkpoints and the summary go")
+
+    @field_validator("sandbox_backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        choices = ("auto", *BACKENDS)
+        if value not in choices:
+            raise ValueError(
+                f"unknown sandbox backend {value!r}; choose one of {', '.join(choices)} (the fix for most "
+                "runs: sandbox_backend: auto, which uses bwrap when usable, else unshare)"
+            )
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if not re.fullmatch(r"auto|cpu|mps|(cuda|xpu)(:\d+)?", value):
+            raise ValueError(f"unknown device {value!r}; choose one of auto, cpu, cuda, cuda:N, mps, xpu")
+        return value
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, value: str) -> str:
+        if value not in DTYPES:
+            raise ValueError(f"unknown dtype {value!r}; choose one of {', '.join(DTYPES)}")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
@@ -344,6 +375,26 @@ def parse_set_overrides(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def yaml_config_file(path: str | Path) -> Any:
+    """Returns the parsed YAML of a config file (None for an empty one); a ValueError names the
+    file when it is missing, not a regular file, not UTF-8 text or not valid YAML."""
+    file = Path(path)
+    if not file.exists():
+        raise ValueError(f"config file {path}: does not exist")
+    if not file.is_file():
+        raise ValueError(f"config file {path}: not a file (a YAML file of config fields is expected)")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"config file {path}: not UTF-8 text (byte {exc.start}); is it a binary file?") from None
+    except OSError as exc:
+        raise ValueError(f"config file {path}: cannot be read: {exc.strerror or exc}") from None
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+
+
 def load_config(
     path: str | Path | None = None,
     preset: str | None = None,
@@ -362,10 +413,7 @@ def load_config(
     source = "overrides"
     if path is not None:
         source = str(path)
-        try:
-            data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{path}: not valid YAML: {exc}") from None
+        data = yaml_config_file(path)
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a mapping of config fields at the top level")
         if "preset" in data:

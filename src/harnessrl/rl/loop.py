@@ -35,7 +35,12 @@ from harnessrl.policy.base import SamplingParams
 from harnessrl.rescue.groups import GroupInfo, signal_metrics
 from harnessrl.rescue.router import TaskInfo
 from harnessrl.rl.advantages import gae, grpo_advantages, no_signal_fraction, rloo_advantages
-from harnessrl.rl.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
+from harnessrl.rl.checkpoint import (
+    latest_checkpoint,
+    load_training_state,
+    recover_checkpoints,
+    save_checkpoint,
+)
 from harnessrl.rl.config import TrainConfig
 from harnessrl.rl.rescue import Rescue
 from harnessrl.rl.schedules import (
@@ -61,7 +66,12 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, resume: bool = False, log: Logger = print) -> None:
         self.cfg, self.log = cfg, log
         self.run_dir = Path(cfg.run_dir)
+        if resume:  # this trainer is the run's only writer: repair what a kill mid-save left
+            for message in recover_checkpoints(self.run_dir):
+                log(f"checkpoints: {message}")
         checkpoint = latest_checkpoint(self.run_dir)
+        if resume and checkpoint is None and self.run_dir.exists():
+            log(f"no complete checkpoint in {self.run_dir}: starting from step 0")
         if not resume and self.run_dir.exists() and any(self.run_dir.iterdir()):
             raise ValueError(
                 f"run directory {self.run_dir} is not empty; pass --resume to continue it or --run-dir for a new run"

@@ -7,7 +7,7 @@ content, and ``is_error``; images and documents become a ``[image]``-style place
 ``thinking`` blocks are dropped); a ``system`` role mid-conversation; ``tools`` with
 ``input_schema`` (server tools without a schema are left out; ``tool_choice: {"type":
 "none"}`` leaves them all out); ``max_tokens``; ``stop_sequences``; ``temperature``;
-``top_p``; ``stream``; a final assistant message (without tool calls) is a prefill: the
+``top_p``; ``stream``; ``max_tokens`` is required (not by ``count_tokens``); a final assistant message (without tool calls) is a prefill: the
 prompt ends with it and the answer holds only its continuation. The stream begins with ``message_start`` and ``ping`` events at once
 (and a ``ping`` every few seconds while the policy works); once the completion is known,
 per block ``content_block_start`` / deltas (``text_delta``, ``input_json_delta``) /
@@ -98,7 +98,7 @@ def normalize_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         where = f"messages.{index}"
         message = fields.require_dict(message, where)
         role = message.get("role")
-        content = message.get("content")
+        content = fields.required_content(message, where)
         if role == "user":
             for item in _user_content(content, where):
                 if item["role"] == "tool":
@@ -119,7 +119,9 @@ def normalize_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
     """Returns the client tools with an input schema, normalized."""
     choice = body.get("tool_choice")
     tools = []
-    for index, tool in enumerate(fields.require_list(body.get("tools") or [], "tools")):
+    if choice is not None and not (isinstance(choice, dict) and choice.get("type") in ("auto", "any", "tool", "none")):
+        raise InvalidRequest("tool_choice: must be an object with type auto, any, tool or none", "tool_choice")
+    for index, tool in enumerate(fields.optional_list(body, "tools")):
         where = f"tools.{index}"
         tool = fields.require_dict(tool, where)
         if "input_schema" not in tool and tool.get("type") not in (None, "custom"):
@@ -132,6 +134,8 @@ def normalize_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 def parse_messages_request(body: dict[str, Any], count_only: bool = False) -> ParsedRequest:
     """Returns the parsed request (raises ``InvalidRequest`` naming the bad field)."""
+    fields.optional_str(body, "model")
+    fields.optional_dict(body, "metadata")
     messages = normalize_messages(body)
     tools = normalize_tools(body)
     prefill = ""
@@ -142,6 +146,9 @@ def parse_messages_request(body: dict[str, Any], count_only: bool = False) -> Pa
             raise InvalidRequest("messages: the first message must use the \"user\" role", "messages")
     if count_only:
         return ParsedRequest(api=API_MESSAGES, messages=messages, tools=tools, raw=body, prefill=prefill)
+    if body.get("max_tokens") is None:
+        raise InvalidRequest("max_tokens: Field required", "max_tokens")
+    fields.optional_int(body, "top_k", minimum=0)
     temperature, top_p = fields.sampling(body, max_temperature=1.0)
     return ParsedRequest(
         api=API_MESSAGES,

@@ -7,7 +7,9 @@ conversation for recording; unnamed requests are grouped by message prefix (see
 as ``Authorization: Bearer <key>`` or ``x-api-key: <key>``. Every error, including malformed
 JSON, unknown routes and unexpected exceptions, has the error shape of the route's API:
 OpenAI ``{"error": {"message", "type", "param", "code"}}``, Anthropic ``{"type": "error",
-"error": {"type", "message"}}``. Unknown fields and headers are ignored.
+"error": {"type", "message"}}``. Unknown fields and headers are ignored. A body over
+``max_request_bytes`` gets a 413 before it is read in full, one that does not arrive within
+``body_timeout_s`` a 408 (see ``serve/limits.py``); one holding a lone UTF-16 surrogate a 400.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from harnessrl.policy.base import Policy
-from harnessrl.serve import anthropic_messages, openai_chat, openai_responses
+from harnessrl.serve import anthropic_messages, fields, openai_chat, openai_responses
 from harnessrl.serve.engine import (
     CompletionSet,
     ContextOverflow,
@@ -37,6 +39,7 @@ from harnessrl.serve.engine import (
     ServeEngine,
     new_id,
 )
+from harnessrl.serve.limits import RequestLimits
 from harnessrl.serve.recorder import ConversationRecorder
 
 logger = logging.getLogger("harnessrl.serve")
@@ -69,9 +72,11 @@ def error_response(family: str, error: ApiError) -> JSONResponse:
 
 _STATUS_KINDS = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
-    429: "rate_limit_error",
+    404: "not_found_error", 405: "invalid_request_error", 408: "invalid_request_error",
+    413: "request_too_large", 429: "rate_limit_error",
 }
+MAX_REQUEST_BYTES = 16 << 20  # far above an agent's largest context, far below what hurts the host
+BODY_TIMEOUT_S = 60.0
 
 
 def create_app(
@@ -85,6 +90,8 @@ def create_app(
     context_length: int | None = None,
     max_batch_size: int = 64,
     stream_keepalive_s: float = 5.0,
+    max_request_bytes: int = MAX_REQUEST_BYTES,
+    body_timeout_s: float = BODY_TIMEOUT_S,
 ) -> FastAPI:
     """Returns the server application over ``policy``.
 
@@ -93,7 +100,8 @@ def create_app(
     names no output limit, ``max_output_tokens`` caps every request, ``context_length``
     overrides the policy's context window; at most ``max_batch_size`` requests share one
     ``policy.generate`` call; a stream sends a keep-alive every ``stream_keepalive_s`` while
-    the policy works.
+    the policy works; a request body may hold at most ``max_request_bytes`` and must arrive
+    within ``body_timeout_s``.
     """
     engine = ServeEngine(
         policy, recorder=recorder, context_length=context_length, default_max_tokens=default_max_tokens,
@@ -106,6 +114,11 @@ def create_app(
     app.state.recorder = recorder
     app.state.model_name = model
     app.router.add_event_handler("shutdown", engine.close)
+
+    def refusal(path: str, status: int, message: str) -> JSONResponse:
+        return error_response(family_of(path), ApiError(status, _STATUS_KINDS[status], message))
+
+    app.add_middleware(RequestLimits, max_request_bytes=max_request_bytes, body_timeout_s=body_timeout_s, refusal=refusal)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -136,6 +149,7 @@ def create_app(
             raise ApiError(400, "invalid_request_error", "the request body is not valid JSON") from None
         if not isinstance(body, dict):
             raise ApiError(400, "invalid_request_error", "the request body must be a JSON object")
+        fields.reject_surrogates(body, raw=raw)
         return body
 
     def session_of(request: Request) -> str | None:

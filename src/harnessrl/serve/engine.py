@@ -285,11 +285,8 @@ class ServeEngine:
                 policy=getattr(self.policy, "name", "policy"),
             )
             # Recorded before the answer goes out, so the client's next request finds it;
-            # writing the JSONL line (the prompt's ids) happens off the event loop.
-            if self.recorder.record_dir is None:
-                record()
-            else:
-                await asyncio.to_thread(record)
+            # serializing the record (the prompt's ids) and writing it happen off the event loop.
+            await asyncio.to_thread(record)
         return result
 
     async def _tokenizing(self, small: bool, work: Callable[..., T], *args: Any) -> T:

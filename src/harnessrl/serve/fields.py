@@ -1,14 +1,19 @@
 """Reading request bodies field by field: every malformed field is an ``InvalidRequest``
 that names it (the APIs turn it into a 400 in their own error shape); unknown fields are
-ignored."""
+ignored, but no string anywhere in a body may hold a lone UTF-16 surrogate (JSON lets
+``"\\ud800"`` through; no tokenizer or UTF-8 file can take it)."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from harnessrl.serve.engine import InvalidRequest
+
+# A JSON escape of a UTF-16 surrogate: only bodies that hold one need the walk below.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def optional_int(body: dict[str, Any], name: str, minimum: int | None = None, maximum: int | None = None) -> int | None:
@@ -87,6 +92,7 @@ def arguments_object(value: Any, name: str) -> dict[str, Any]:
             raise InvalidRequest(f"'{name}' is not a JSON object string", name) from None
     if not isinstance(value, dict):
         raise InvalidRequest(f"'{name}' must be a JSON object", name)
+    reject_surrogates(value, name)  # the body's check saw the escape as text inside a string
     return value
 
 
@@ -134,3 +140,67 @@ def sampling(body: dict[str, Any], max_temperature: float) -> tuple[float, float
     temperature = optional_number(body, "temperature", 0.0, max_temperature, 1.0)
     top_p = optional_number(body, "top_p", 0.0, 1.0, 1.0)
     return (0.0, 1.0) if top_p == 0.0 else (temperature, top_p)
+
+
+def optional_str(body: dict[str, Any], name: str) -> str | None:
+    """Returns the string field ``name`` (None when absent or null)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    return require_str(value, name)
+
+
+def optional_dict(body: dict[str, Any], name: str) -> dict[str, Any]:
+    """Returns the object field ``name`` ({} when absent or null)."""
+    value = body.get(name)
+    return {} if value is None else require_dict(value, name)
+
+
+def optional_list(body: dict[str, Any], name: str) -> list[Any]:
+    """Returns the array field ``name`` ([] when absent or null; ``{}`` or ``""`` is an error)."""
+    value = body.get(name)
+    return [] if value is None else require_list(value, name)
+
+
+def required_content(message: dict[str, Any], where: str) -> Any:
+    """Returns a message's ``content``, which must be given and not null."""
+    if message.get("content") is None:
+        raise InvalidRequest(f"'{where}.content' is required", f"{where}.content")
+    return message["content"]
+
+
+def _surrogate_at(value: Any, where: str) -> str | None:
+    """Returns the path of the first string (or object key) in ``value`` holding a lone
+    surrogate, else None."""
+    stack = [(value, where)]
+    while stack:
+        node, at = stack.pop()
+        if isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                return at
+        elif isinstance(node, dict):
+            for key, child in node.items():
+                stack.append((key, at))
+                stack.append((child, f"{at}.{key}" if at else str(key)))
+        elif isinstance(node, list):
+            stack.extend((child, f"{at}[{index}]") for index, child in enumerate(node))
+    return None
+
+
+def reject_surrogates(value: Any, where: str = "", raw: bytes | None = None) -> None:
+    """Raises ``InvalidRequest`` naming where ``value`` holds a lone UTF-16 surrogate; with
+    ``raw`` (the JSON text ``value`` came from), only looks when the text escapes one."""
+    if raw is not None and not _SURROGATE_ESCAPE.search(raw):
+        return
+    at = _surrogate_at(value, where)
+    if at is not None:
+        raise InvalidRequest(f"'{at or 'body'}' holds a lone UTF-16 surrogate, which is not valid Unicode text", at or None)
+
+
+def openai_tool_choice(value: Any) -> None:
+    """Checks an OpenAI ``tool_choice`` (Chat Completions and Responses): none, auto, required, or an object naming a tool."""
+    if value is None or value in ("none", "auto", "required") or isinstance(value, dict):
+        return
+    raise InvalidRequest("'tool_choice' must be \"none\", \"auto\", \"required\" or an object naming a tool", "tool_choice")

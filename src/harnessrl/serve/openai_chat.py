@@ -29,7 +29,8 @@ FINISH_REASONS = {"stop": "stop", "stop_sequence": "stop", "length": "length", "
 
 def _assistant_calls(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
     calls = []
-    for index, call in enumerate(fields.require_list(message.get("tool_calls") or [], f"{where}.tool_calls")):
+    given = message.get("tool_calls")
+    for index, call in enumerate([] if given is None else fields.require_list(given, f"{where}.tool_calls")):
         at = f"{where}.tool_calls[{index}]"
         call = fields.require_dict(call, at)
         function = fields.require_dict(call.get("function"), f"{at}.function")
@@ -54,6 +55,9 @@ def normalize_messages(value: Any) -> list[dict[str, Any]]:
         where = f"messages[{index}]"
         message = fields.require_dict(message, where)
         role = message.get("role")
+        # Content is required, except from an assistant that calls tools instead.
+        if role != "assistant" or not (message.get("tool_calls") or message.get("function_call")):
+            fields.required_content(message, where)
         content = fields.text_of_parts(message.get("content"), f"{where}.content", TEXT_PARTS)
         if role in ("system", "developer"):
             out.append({"role": "system", "content": content})
@@ -80,14 +84,14 @@ def normalize_messages(value: Any) -> list[dict[str, Any]]:
 def normalize_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
     """Returns the request's function tools (``tools`` and legacy ``functions``), normalized."""
     tools = []
-    for index, tool in enumerate(fields.require_list(body.get("tools") or [], "tools")):
+    for index, tool in enumerate(fields.optional_list(body, "tools")):
         where = f"tools[{index}]"
         tool = fields.require_dict(tool, where)
         if tool.get("type", "function") != "function":
             continue  # built-in tool types (web search, ...) have no function to render
         function = fields.require_dict(tool.get("function"), f"{where}.function")
         tools.append(fields.function_tool(function.get("name"), function.get("description"), function.get("parameters"), f"{where}.function"))
-    for index, function in enumerate(fields.require_list(body.get("functions") or [], "functions")):
+    for index, function in enumerate(fields.optional_list(body, "functions")):
         where = f"functions[{index}]"
         function = fields.require_dict(function, where)
         tools.append(fields.function_tool(function.get("name"), function.get("description"), function.get("parameters"), where))
@@ -98,6 +102,10 @@ def normalize_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 def parse_chat_request(body: dict[str, Any]) -> ParsedRequest:
     """Returns the parsed request (raises ``InvalidRequest`` naming the bad field)."""
+    fields.optional_str(body, "model")
+    fields.optional_str(body, "user")
+    fields.optional_bool(body, "parallel_tool_calls", default=True)
+    fields.openai_tool_choice(body.get("tool_choice"))
     messages = normalize_messages(body.get("messages"))
     max_tokens = fields.optional_int(body, "max_completion_tokens", minimum=1)
     if max_tokens is None:

@@ -86,7 +86,7 @@ def normalize_input(body: dict[str, Any], store: ResponseStore) -> list[dict[str
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
-            content = _output_text(item.get("content"), f"{where}.content")
+            content = _output_text(fields.required_content(item, where), f"{where}.content")
             if role in ("system", "developer"):
                 out.append({"role": "system", "content": content})
             elif role == "user":
@@ -121,7 +121,7 @@ def normalize_input(body: dict[str, Any], store: ResponseStore) -> list[dict[str
 def normalize_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]], set[str]]:
     """Returns the function and custom tools, normalized, and the names of the custom ones."""
     tools, custom = [], set()
-    for index, tool in enumerate(fields.require_list(body.get("tools") or [], "tools")):
+    for index, tool in enumerate(fields.optional_list(body, "tools")):
         where = f"tools[{index}]"
         tool = fields.require_dict(tool, where)
         kind = tool.get("type")
@@ -137,6 +137,9 @@ def normalize_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]], set[str
 
 def parse_responses_request(body: dict[str, Any], store: ResponseStore) -> ParsedRequest:
     """Returns the parsed request (raises ``InvalidRequest`` naming the bad field)."""
+    fields.optional_str(body, "model")
+    fields.optional_dict(body, "metadata")
+    fields.openai_tool_choice(body.get("tool_choice"))
     messages = normalize_input(body, store)
     tools, custom = normalize_tools(body)
     temperature, top_p = fields.sampling(body, max_temperature=2.0)

@@ -12,17 +12,30 @@ Within a conversation, requests are grouped the same way into *threads*: an agen
 sends side requests (a title, a summary, a sub-agent) through the same session, and each of
 those starts a thread of its own. Every record names its thread (``thread``, from 0), and
 ``to_trajectory`` takes one thread, by default the one with the most requests (the agent's
-main loop). With ``record_dir`` each record is also appended to
-``<record_dir>/<session>.jsonl`` as it happens.
+main loop).
+
+Memory stays bounded: with ``record_dir`` each record is appended to its session's file
+(``session_file_name``: ``<session>.jsonl`` for plain names, else a readable part plus a
+hash, so that no two sessions share a file) as it happens and is not kept in memory; without
+one, records are held as JSON lines up to ``max_memory_bytes`` in all, past which the least
+recently used conversations are written to a private temporary folder (removed by
+``close``) and dropped from memory. ``end`` drops a finished conversation from memory the
+same way. Reading a session gives back every record either way. Grouping keeps only a
+16-byte digest per message.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import shutil
+import sys
+import tempfile
 import threading
 import time
-from collections import Counter
+import weakref
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,18 +45,36 @@ from harnessrl.harness.chat import RenderedPrompt
 from harnessrl.serve.prompt import message_key
 from harnessrl.trajectory import Trajectory, Turn, run_length
 
+DEFAULT_MEMORY_BYTES = 64 << 20
+_PLAIN_SESSION = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+_ENCODED_SESSION = re.compile(r".*-[0-9a-f]{32}")
+
 
 def session_file_name(session: str) -> str:
-    """Returns a file name for ``session`` (characters outside [A-Za-z0-9._-] become ``_``)."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", session)[:120] + ".jsonl"
+    """Returns the record file name of ``session``; distinct sessions get distinct names.
+
+    A plain name (up to 100 of [A-Za-z0-9._-], not starting with a dot, not shaped like an
+    encoded one) is kept as it is; any other name becomes its first 64 characters with the
+    others replaced by ``_``, plus ``-`` and 32 hex digits of its SHA-256.
+    """
+    if _PLAIN_SESSION.fullmatch(session) and not _ENCODED_SESSION.fullmatch(session):
+        return session + ".jsonl"
+    readable = re.sub(r"[^A-Za-z0-9._-]", "_", session)[:64].lstrip(".") or "session"
+    digest = hashlib.sha256(session.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{readable}-{digest}.jsonl"
+
+
+def _digest(message: dict[str, Any]) -> bytes:
+    """What grouping keeps of a message: a digest of its ``message_key``."""
+    return hashlib.blake2b(message_key(message).encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 @dataclass
 class _Thread:
-    last_request: list[str] = field(default_factory=list)  # message keys of the last request
-    history: list[str] = field(default_factory=list)  # ... and of its reply
+    last_request: list[bytes] = field(default_factory=list)  # message digests of the last request
+    history: list[bytes] = field(default_factory=list)  # ... and of its reply
 
-    def match(self, keys: list[str]) -> int:
+    def match(self, keys: list[bytes]) -> int:
         """Returns how long a prefix of ``keys`` this thread accounts for (-1: none).
 
         The whole history as a prefix is the usual case. Some clients rewrite an earlier
@@ -66,10 +97,14 @@ class _Thread:
 
 @dataclass
 class _Conversation:
-    records: list[dict[str, Any]] = field(default_factory=list)
     threads: list[_Thread] = field(default_factory=list)
+    count: int = 0  # records so far
+    lines: list[str] = field(default_factory=list)  # the newest records, as JSON lines, in memory
+    memory_bytes: int = 0  # what ``lines`` take
+    files: list[tuple[Path, int]] = field(default_factory=list)  # (file, offset) holding the older records
+    own_file: Path | None = None  # where this recorder appends them
 
-    def best_thread(self, keys: list[str]) -> tuple[int, int]:
+    def best_thread(self, keys: list[bytes]) -> tuple[int, int]:
         """Returns (thread index, match length) of the thread ``keys`` continue best."""
         best, best_length = -1, -1
         for index, thread in enumerate(self.threads):
@@ -80,22 +115,45 @@ class _Conversation:
 
 
 class ConversationRecorder:
-    """Records exchanges per conversation; thread-safe."""
+    """Records exchanges per conversation, within ``max_memory_bytes`` of memory (see the
+    module docstring); thread-safe."""
 
-    def __init__(self, record_dir: str | Path | None = None) -> None:
+    def __init__(self, record_dir: str | Path | None = None, max_memory_bytes: int = DEFAULT_MEMORY_BYTES) -> None:
         self.record_dir = Path(record_dir) if record_dir is not None else None
         if self.record_dir is not None:
             self.record_dir.mkdir(parents=True, exist_ok=True)
+        self.max_memory_bytes = max_memory_bytes
+        self.spill_dir: Path | None = None  # made on the first spill, without a record_dir
         self._conversations: dict[str, _Conversation] = {}
+        self._in_memory: OrderedDict[str, None] = OrderedDict()  # conversations holding lines, least recent first
+        self._memory_bytes = 0
         self._lock = threading.Lock()
         self._unnamed = 0
+
+    @property
+    def memory_bytes(self) -> int:
+        """Returns what the records held in memory take (the JSON lines' object sizes)."""
+        return self._memory_bytes
+
+    def close(self) -> None:
+        """Removes the temporary folder of records written out of memory (if any)."""
+        with self._lock:
+            if self.spill_dir is not None:
+                shutil.rmtree(self.spill_dir, ignore_errors=True)
+                self.spill_dir = None
+
+    def end(self, session: str) -> None:
+        """Marks ``session`` finished: its records leave memory (they stay readable)."""
+        with self._lock:
+            if session in self._conversations:
+                self._write_out(session)
 
     # ------------------------------------------------------------ grouping
     def assign(self, messages: Sequence[dict[str, Any]], session: str | None) -> tuple[str, int]:
         """Returns the conversation and thread of a request: ``session`` when named, else the
         conversation its messages continue (by prefix), else a new ``conv-N``; within it, the
         thread it continues, else a new one."""
-        keys = [message_key(m) for m in messages]
+        keys = [_digest(m) for m in messages]
         with self._lock:
             if session is None:
                 best_length = -1
@@ -135,8 +193,9 @@ class ConversationRecorder:
         reply: dict[str, Any],
         policy: str = "",
     ) -> dict[str, Any]:
-        """Stores one exchange of ``session`` (and appends it to its JSONL file); returns it."""
-        keys = [message_key(m) for m in messages]
+        """Stores one exchange of ``session`` (appending it to its JSONL file with a
+        ``record_dir``); returns it."""
+        keys = [_digest(m) for m in messages]
         with self._lock:
             conversation = self._conversations.setdefault(session, _Conversation())
             while len(conversation.threads) <= thread:
@@ -146,7 +205,7 @@ class ConversationRecorder:
             record = {
                 "session": session,
                 "thread": thread,
-                "index": len(conversation.records),
+                "index": conversation.count,
                 "api": api,
                 "policy": policy,
                 "time": time.time(),
@@ -159,35 +218,76 @@ class ConversationRecorder:
                 "text": text,
                 "reply": reply,
             }
-            conversation.records.append(record)
+            line = json.dumps(record, ensure_ascii=False)
+            conversation.count += 1
             state.last_request = keys
-            state.history = [*keys, message_key(reply)]
+            state.history = [*keys, _digest(reply)]
             if self.record_dir is not None:
-                with (self.record_dir / session_file_name(session)).open("a", encoding="utf-8") as handle:
-                    handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+                self._append(session, [line])
+            else:
+                conversation.lines.append(line)
+                size = sys.getsizeof(line)
+                conversation.memory_bytes += size
+                self._memory_bytes += size
+                self._in_memory[session] = None
+                self._in_memory.move_to_end(session)
+                while self._memory_bytes > self.max_memory_bytes and self._in_memory:
+                    self._write_out(next(iter(self._in_memory)))
         return record
+
+    def _append(self, session: str, lines: list[str]) -> None:
+        """Appends ``lines`` to the session's file (its record file, else its spill file)."""
+        conversation = self._conversations[session]
+        if conversation.own_file is None:
+            if self.record_dir is not None:
+                folder = self.record_dir
+            else:
+                if self.spill_dir is None:
+                    self.spill_dir = Path(tempfile.mkdtemp(prefix="harnessrl-records-"))
+                    # Removed at exit too, for owners that never call close().
+                    weakref.finalize(self, shutil.rmtree, self.spill_dir, ignore_errors=True)
+                folder = self.spill_dir
+            conversation.own_file = folder / session_file_name(session)
+            # A record folder may hold this session's records of an earlier server: not ours.
+            offset = conversation.own_file.stat().st_size if conversation.own_file.exists() else 0
+            conversation.files.append((conversation.own_file, offset))
+        with conversation.own_file.open("a", encoding="utf-8") as handle:
+            handle.write("".join(line + "\n" for line in lines))
+
+    def _write_out(self, session: str) -> None:
+        """Moves the records ``session`` holds in memory to its file (under the lock)."""
+        conversation = self._conversations[session]
+        if conversation.lines:
+            self._append(session, conversation.lines)
+        self._memory_bytes -= conversation.memory_bytes
+        conversation.lines, conversation.memory_bytes = [], 0
+        self._in_memory.pop(session, None)
 
     # ------------------------------------------------------------ reading
     def sessions(self) -> list[str]:
         """Returns the names of the conversations that hold at least one record."""
         with self._lock:
-            return [name for name, c in self._conversations.items() if c.records]
+            return [name for name, c in self._conversations.items() if c.count]
 
     def records(self, session: str, thread: int | None = None) -> list[dict[str, Any]]:
-        """Returns the records of ``session`` (of one ``thread`` if given) in order; a KeyError
-        names unknown sessions."""
+        """Returns the records of ``session`` (of one ``thread`` if given) in order, read back
+        from its file and memory; a KeyError names unknown sessions."""
         with self._lock:
             if session not in self._conversations:
                 raise KeyError(f"no conversation {session!r}; known: {', '.join(self._conversations) or 'none'}")
-            records = self._conversations[session].records
-            return [r for r in records if thread is None or r.get("thread", 0) == thread]
+            conversation = self._conversations[session]
+            lines = []
+            for path, offset in conversation.files:
+                with path.open("rb") as handle:
+                    handle.seek(offset)
+                    lines += [line for line in handle.read().decode("utf-8").splitlines() if line.strip()]
+            lines += conversation.lines
+        records = [json.loads(line) for line in lines]
+        return [r for r in records if r["session"] == session and (thread is None or r.get("thread", 0) == thread)]
 
     def main_thread(self, session: str) -> int:
         """Returns the thread of ``session`` with the most requests (the first on a tie)."""
-        counts = Counter(record.get("thread", 0) for record in self.records(session))
-        if not counts:
-            return 0
-        return min(counts, key=lambda thread: (-counts[thread], thread))
+        return _main_thread(self.records(session))
 
     @classmethod
     def load(cls, record_dir: str | Path) -> ConversationRecorder:
@@ -195,16 +295,23 @@ class ConversationRecorder:
         (without writing to it); a bad line stops with its file and line number."""
         recorder = cls()
         for path in sorted(Path(record_dir).glob("*.jsonl")):
-            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                    session = str(record["session"])
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise ValueError(f"{path} line {number}: not a serve record: {exc}") from None
+            counts: Counter[str] = Counter()
+            with path.open("r", encoding="utf-8") as handle:
+                for number, line in enumerate(handle, start=1):
+                    if not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                        session = record["session"]
+                        if not isinstance(session, str):
+                            raise TypeError("'session' is not a string")
+                    except (ValueError, KeyError, TypeError) as exc:
+                        raise ValueError(f"{path} line {number}: not a serve record: {exc}") from None
+                    counts[session] += 1
+            for session, count in counts.items():
                 conversation = recorder._conversations.setdefault(session, _Conversation())
-                conversation.records.append(record)
+                conversation.files.append((path, 0))
+                conversation.count += count
         return recorder
 
     def to_trajectory(
@@ -224,9 +331,10 @@ class ConversationRecorder:
         turn per request, with the exact prompt and sampled ids; each turn's observation is
         the text of the messages the client sent next. ``reward`` defaults to 1.0 when
         ``passed`` else 0.0; ``metrics`` records the session, thread and request counts."""
-        chosen = self.main_thread(session) if thread is None else thread
-        records = self.records(session, chosen)
-        total = len(self.records(session))
+        every = self.records(session)
+        chosen = _main_thread(every) if thread is None else thread
+        records = [record for record in every if record.get("thread", 0) == chosen]
+        total = len(every)
         turns = []
         for index, record in enumerate(records):
             following = records[index + 1]["new_messages"] if index + 1 < len(records) else []
@@ -259,7 +367,14 @@ class ConversationRecorder:
             out_of_space=True,
             metrics={
                 "requests": len(records), "session_requests": total, "thread": chosen,
-                "threads": len({r.get("thread", 0) for r in self.records(session)}),
+                "threads": len({r.get("thread", 0) for r in every}),
                 "apis": apis, "session": session, **(metrics or {}),
             },
         )
+
+
+def _main_thread(records: Sequence[dict[str, Any]]) -> int:
+    counts = Counter(record.get("thread", 0) for record in records)
+    if not counts:
+        return 0
+    return min(counts, key=lambda thread: (-counts[thread], thread))

@@ -5,7 +5,8 @@ accepts connections (raising if it could not start), leaving stops it and joins 
 With ``port=0`` the OS picks a free port (``.port`` says which). With ``uds=PATH`` the
 server listens on a Unix-domain socket instead (for clients in a network-isolated sandbox);
 ``.base_url`` is then ``http://localhost`` and clients must connect through the socket file
-(httpx: ``transport=httpx.HTTPTransport(uds=PATH)``; curl: ``--unix-socket PATH``).
+(httpx: ``transport=httpx.HTTPTransport(uds=PATH)``; curl: ``--unix-socket PATH``). A
+connection whose request headers take longer than ``header_timeout_s`` is closed.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from types import TracebackType
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+from harnessrl.serve.limits import header_timeout_protocol
+
+HEADER_TIMEOUT_S = 30.0
 
 
 class ServerThread:
@@ -31,6 +37,7 @@ class ServerThread:
         uds: str | os.PathLike[str] | None = None,
         log_level: str = "warning",
         startup_timeout_s: float = 30.0,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
     ) -> None:
         self.app = app
         self.host = host
@@ -39,6 +46,7 @@ class ServerThread:
         config = uvicorn.Config(
             app, host=host, port=port, uds=self.uds, log_level=log_level, access_log=False,
             lifespan="on", timeout_graceful_shutdown=5,
+            http=header_timeout_protocol(AutoHTTPProtocol, header_timeout_s),
         )
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None

@@ -60,6 +60,18 @@ def test_oracle_passes_under_every_training_config_and_out_of_space():
         assert t.metrics["format_errors"] == 0, (t.config, t.task_id)
 
 
+def test_oracle_submits_multi_line_answers_under_every_training_config_and_out_of_space():
+    """Built-in tasks whose answer has several lines pass through every tool interface whole."""
+    tasks = [SUITE.get(f"ws-{split}-search-1-{index}") for split in ("train", "test") for index in (1, 3)]
+    assert all("\n" in str(task.gold[-1].answer) for task in tasks)
+    names = orthogonal(default_space()).codes + out_of_space_names()
+    jobs = [RolloutJob(task, Harness.named(name, BYTE_LIMITS), seed=1) for name in names for task in tasks]
+    trajectories, stats = RolloutEngine(OraclePolicy(), max_concurrent=8, env_workers=4).run(jobs)
+    failures = [(t.config, t.task_id, t.status, t.verdict) for t in trajectories if not t.passed]
+    assert not failures, failures[:5]
+    assert stats.episodes == len(jobs) and stats.errored == 0
+
+
 @pytest.mark.slow
 def test_oracle_passes_every_config_of_the_space():
     tasks = sample_tasks("test", 300, seed=2) + sample_tasks("train", 300, seed=2)

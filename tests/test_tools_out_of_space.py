@@ -192,3 +192,18 @@ def test_aider_malformed_blocks_are_format_errors():
 def test_aider_bash_fence_around_an_edit_block_is_an_edit():
     parsed = AiderEditBlockTools().parse("run.sh\n```bash\n<<<<<<< SEARCH\n=======\necho hi\n>>>>>>> REPLACE\n```")
     assert parsed.calls == (ToolCall("edit", {"path": "run.sh", "search": "", "replace": "echo hi\n"}),)
+
+
+def test_aider_submits_a_multi_line_answer_in_a_fenced_block_after_a_bare_submit_line():
+    from harnessrl.harness.tools.aider import AiderEditBlockTools
+    from harnessrl.tasks import Action
+
+    tools = AiderEditBlockTools()
+    for answer in ("a.txt\nb.txt", "```\ninside\n````", "  indented\n\nlast\n"):
+        parsed = tools.parse(tools.render(Action.submit(answer), thought="done"))
+        assert [call.arguments for call in parsed.calls] == [{"answer": answer}], answer
+    written = tools.parse("Found them.\n/submit\n```\nx/one.log\nx/two.md\n```")
+    assert written.calls[0].arguments == {"answer": "x/one.log\nx/two.md"}
+    assert tools.parse("/submit\n```\nnever closed").error_kind == "format"
+    # a ```bash block after a bare /submit stays a command
+    assert [c.name for c in tools.parse("/submit\n```bash\nls\n```").calls] == ["submit", "run"]

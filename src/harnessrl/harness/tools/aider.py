@@ -1,7 +1,7 @@
 """``aider_editblock`` (Aider), a tool interface outside the space: SEARCH/REPLACE blocks after
 the file's path (several per response; an empty SEARCH writes the whole file), shell commands in
-```bash blocks or on ``/run <cmd>`` lines, and ``/submit <answer>``; everything runs in the
-order written.
+```bash blocks or on ``/run <cmd>`` lines, and ``/submit <answer>`` (a multi-line answer: a line
+``/submit`` alone, then the answer in a plain ``` block); everything runs in the order written.
 
 Deviation from Aider, for exact replay of gold actions: a block with an empty SEARCH replaces
 the whole file (Aider appends to an existing one).
@@ -38,6 +38,9 @@ _HEAD = re.compile(r"<{5,9} SEARCH\s*")
 _DIVIDER = re.compile(r"={5,9}\s*")
 _UPDATED = re.compile(r">{5,9} REPLACE\s*")
 AIDER_SHELL_LANGS = frozenset({"bash", "sh", "shell"})
+# Info strings of the fence that may hold a multi-line answer after a bare `/submit` line.
+AIDER_ANSWER_LANGS = frozenset({"", "text"})
+_FENCE_OPEN = re.compile(r"(`{3,})\s*(\w*)\s*")
 
 AIDER_SPECS: tuple[ToolSpec, ...] = (
     ToolSpec(
@@ -60,7 +63,8 @@ AIDER_SPECS: tuple[ToolSpec, ...] = (
     ),
     ToolSpec(
         "submit",
-        "`/submit <answer>`: end the task with a one-line answer (just `/submit` when none).",
+        "`/submit <answer>`: end the task with the answer (just `/submit` when none); a multi-line"
+        " answer goes in a plain ``` block on the lines after a `/submit` line.",
         object_schema({"answer": {"type": "string", "description": "The final answer."}}, ["answer"]),
     ),
 )
@@ -107,7 +111,13 @@ Edits and commands run in the order you write them, in the workspace ({workspace
 
 # Finishing
 
-When the task is done, write a line `/submit <answer>` with your final one-line answer (just `/submit` when the task asks for no answer)."""
+When the task is done, write a line `/submit <answer>` with your final answer (just `/submit` when the task asks for no answer). When the answer has several lines, write `/submit` alone on a line and put the answer in a plain ``` block right after it:
+
+/submit
+```
+first line of the answer
+second line of the answer
+```"""
 AIDER_EXAMPLE = """I'll create the script that prints the greeting.
 
 hello.py
@@ -165,6 +175,17 @@ def _find_filename(lines: list[str], head: int) -> tuple[str | None, int]:
             break
         start = index
     return None, start
+
+
+def _answer_fence(lines: list[str], index: int) -> str | None:
+    """Returns the fence opening a multi-line answer at ``lines[index]`` (a plain or ```text
+    fence right after a bare ``/submit`` line), or None."""
+    if index >= len(lines):
+        return None
+    match = _FENCE_OPEN.fullmatch(lines[index].strip())
+    if match is None or match.group(2).lower() not in AIDER_ANSWER_LANGS:
+        return None
+    return match.group(1)
 
 
 def _lines_text(lines: list[str]) -> str:
@@ -252,6 +273,14 @@ class AiderEditBlockTools(SchemaToolInterface):
             elif line.startswith("/run "):
                 if line[5:].strip():
                     calls.append(ToolCall("run", {"command": line[5:].strip()}))
+            elif line.rstrip() == "/submit" and (fence := _answer_fence(lines, index + 1)) is not None:
+                end = index + 2
+                while end < len(lines) and lines[end].strip() != fence:
+                    end += 1
+                if end >= len(lines):
+                    return self._format_error(f"The answer block after `/submit` is not closed with a line of {fence}.")
+                calls.append(ToolCall("submit", {"answer": "\n".join(lines[index + 2:end])}))
+                index = end
             elif line.rstrip() == "/submit" or line.startswith("/submit "):
                 calls.append(ToolCall("submit", {"answer": line[len("/submit"):].strip()}))
             else:
@@ -305,7 +334,13 @@ class AiderEditBlockTools(SchemaToolInterface):
                 and _edit_block_safe(old) and _edit_block_safe(new)):
             return f"{prefix}{path}\n```\n<<<<<<< SEARCH\n{old}=======\n{new}>>>>>>> REPLACE\n```"
         if action.kind == "submit":
-            return f"{prefix}/submit {action.answer or ''}".rstrip()
+            answer = action.answer or ""
+            if "\n" not in answer.strip():
+                return f"{prefix}/submit {answer.strip()}".rstrip()
+            fence = "```"
+            while any(line.strip().startswith(fence) for line in answer.split("\n")):
+                fence += "`"
+            return f"{prefix}/submit\n{fence}\n{answer}\n{fence}"
         if action.kind == "write_file":
             command = python_write_command(path, str(action.content))
         elif action.kind == "edit_file":

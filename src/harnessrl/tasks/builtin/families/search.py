@@ -11,7 +11,7 @@ from harnessrl.tasks.builtin.families.common import (
 )
 from harnessrl.tasks.builtin.families.files import filler_lines
 from harnessrl.tasks.model import Action, Task
-from harnessrl.tasks.verify import AllOf, FileEquals
+from harnessrl.tasks.verify import AllOf, AnswerEquals, FileEquals
 
 SKILLS = ("search", "shell")
 
@@ -48,6 +48,20 @@ FIND_CODE = Templates(
         "Locate the file under `{root}/` whose text includes `{code}`; your answer is its path from the workspace root (e.g. `{root}/a/b.txt`).",
         "Exactly one file below `{root}/` refers to `{code}`. Submit where it is, as a relative path such as `{root}/folder/name.ext`.",
         "I lost track of the note about `{code}`. It is somewhere in `{root}/`. Submit the relative path of that file.",
+    ),
+)
+
+FIND_CODES = Templates(
+    "search.find_codes",
+    train=(
+        "Several files under `{root}/` mention the incident code `{code}`. Submit their paths relative to the workspace root, one per line (for example `{root}/x/y.log`).",
+        "Which files in the `{root}/` tree contain `{code}`? Submit every such relative path on a line of its own.",
+        "Search `{root}/` for the string `{code}` and submit the paths of all files that contain it, one path per line.",
+    ),
+    test=(
+        "Locate each file under `{root}/` whose text includes `{code}`; your answer lists their paths from the workspace root, one per line.",
+        "More than one file below `{root}/` refers to `{code}`. Submit where they are, one relative path per line.",
+        "The notes about `{code}` are spread over a few files in `{root}/`. Submit the relative path of each, one per line.",
     ),
 )
 
@@ -95,8 +109,12 @@ LARGEST = Templates(
 
 
 def tier1(ctx: GenContext) -> Task:
-    """Find the one file that contains a code; answer with its path."""
+    """Find the one file that contains a code and answer with its path; at odd indices, find
+    the few files that contain it and answer with their paths, one per line (a multi-line
+    answer every tool interface must be able to submit)."""
     root, tree = make_tree(ctx, 3, 3, ("log", "txt", "md"))
+    if ctx.index % 2:
+        return _find_codes(ctx, root, tree)
     prefix = ctx.vocab.code_prefix
     numbers = ctx.sample(range(1000, 9999), len(tree))
     paths = list(tree)
@@ -109,6 +127,22 @@ def tier1(ctx: GenContext) -> Task:
         instruction=ctx.say(FIND_CODE, root=root, code=code),
         verifier=path_answer(target),
         gold=[Action.run(f"grep -rl '{code}' {root}"), Action.submit(target)],
+        files=as_files(tree),
+        skills=SKILLS,
+        expects_answer=True,
+    )
+
+
+def _find_codes(ctx: GenContext, root: str, tree: dict[str, list[str]]) -> Task:
+    code = f"{ctx.vocab.code_prefix}-{ctx.rng.randint(1000, 9999)}"
+    targets = sorted(ctx.sample(list(tree), ctx.rng.randint(2, 3)))
+    for path in targets:
+        put_line(ctx, tree[path], f"{code} reported by {ctx.choice(ctx.vocab.people)}")
+    return ctx.task(
+        subtype="find_codes",
+        instruction=ctx.say(FIND_CODES, root=root, code=code),
+        verifier=AnswerEquals("\n".join(targets), mode="lines"),
+        gold=[Action.run(f"grep -rl '{code}' {root} | sort"), Action.submit("\n".join(targets))],
         files=as_files(tree),
         skills=SKILLS,
         expects_answer=True,

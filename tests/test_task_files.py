@@ -335,7 +335,7 @@ def test_load_suite_accepts_a_task_file_path(tmp_path):
         load_suite(tmp_path / "missing.yaml")
 
 
-def test_list_suite_samples_with_a_seed_and_keeps_order():
+def test_list_suite_samples_and_orders_with_a_seed_and_seed_0_keeps_file_order():
     tasks = [
         Task(id=f"t{i}", instruction="x", verifier=FileEquals(path="a", content="b"), gold=[Action.run("true")])
         for i in range(20)
@@ -344,7 +344,14 @@ def test_list_suite_samples_with_a_seed_and_keeps_order():
     first = [t.id for t in suite.tasks("train", limit=5, seed=1)]
     assert first == [t.id for t in suite.tasks("train", limit=5, seed=1)]
     assert first != [t.id for t in suite.tasks("train", limit=5, seed=2)]
-    assert first == sorted(first, key=lambda i: int(i[1:]))
+    # seed 0 keeps the file's order (a sample stays in it); another seed orders the whole
+    # split by the seed, so without a limit seeds 1 and 2 come back in different orders too
+    zero = [t.id for t in suite.tasks("train", limit=5, seed=0)]
+    assert zero == sorted(zero, key=lambda i: int(i[1:]))
+    assert [t.id for t in suite.tasks("train")] == [f"t{i}" for i in range(20)]
+    whole = [t.id for t in suite.tasks("train", seed=1)]
+    assert sorted(whole) == sorted(t.id for t in tasks) and whole[:5] == first
+    assert whole != [t.id for t in suite.tasks("train", seed=2)] != [f"t{i}" for i in range(20)]
     assert len(list(suite.tasks("train"))) == 20
     with pytest.raises(ValueError, match="has no split 'test'; use one of train"):
         list(suite.tasks("test"))

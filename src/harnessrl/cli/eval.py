@@ -15,6 +15,7 @@ from harnessrl.harness.harness import HarnessLimits
 from harnessrl.harness.registry import default_space
 from harnessrl.policy import POLICY_SPECS, make_policy
 from harnessrl.policy.scripted import SCRIPTED_POLICIES
+from harnessrl.tasks.suite import parse_limit, parse_task_ids
 
 
 def register(subparsers: Any) -> None:
@@ -36,7 +37,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--held-out", type=int, default=18, help="held-out in-space configurations (paper: 18)")
     p.add_argument("--suite", default=None, help="task suite name or task file (default: the run's, else workspace)")
     p.add_argument("--split", default="test", help="task split")
-    p.add_argument("--limit", type=int, default=16, help="test tasks per harness")
+    p.add_argument("--limit", type=parse_limit, default=16, help="test tasks per harness ('all' for every task of the split)")
+    p.add_argument("--task-ids", type=parse_task_ids, default=None,
+                   help="evaluate exactly these comma-separated task ids (a,b,c) instead of a sample")
     p.add_argument("--k", type=int, default=1, help="runs per task (pass@k and Avg@k; Harness-S: 3)")
     p.add_argument("--temperature", type=float, default=None,
                    help="sampling temperature (default: 0 for k=1, 0.7 for k>1 so that runs differ)")
@@ -111,7 +114,8 @@ def run_eval(args: argparse.Namespace) -> int:
     )
     targets = resolve_eval_set(args.configs, design, held_out=args.held_out, seed=args.seed)
     suite = args.suite or run_config.get("suite", "workspace")
-    tasks = select_tasks(suite, args.split, args.limit, args.seed, run_config.get("tiers"), run_config.get("families"))
+    tasks = select_tasks(suite, args.split, args.limit, args.seed, run_config.get("tiers"), run_config.get("families"),
+                         task_ids=args.task_ids)
     temperature = args.temperature if args.temperature is not None else (0.0 if args.k == 1 else 0.7)
     result = evaluate(
         policy, targets, tasks, k=args.k, limits=limits, temperature=temperature,
@@ -163,7 +167,7 @@ def run_routed_eval(args: argparse.Namespace, policy: Any, spec: str, limits: Ha
     siblings = [c.code for c in space.neighbours(space.parse(h0), args.route_radius)]
     suite = args.suite or run_config.get("suite", "workspace")
     tiers, families = run_config.get("tiers"), run_config.get("families")
-    tasks = select_tasks(suite, args.split, args.limit, args.seed, tiers, families)
+    tasks = select_tasks(suite, args.split, args.limit, args.seed, tiers, families, task_ids=args.task_ids)
     temperature = args.temperature if args.temperature is not None else (0.0 if args.k == 1 else 0.7)
     settings = EngineSettings(limits, temperature, limits.max_new_tokens, args.concurrent, args.workers, args.backend)
     router: Any = RandomRouter()

@@ -14,7 +14,7 @@ from harnessrl.harness.harness import Harness, HarnessLimits
 from harnessrl.policy import POLICY_SPECS, SamplingParams, make_policy
 from harnessrl.policy.scripted import SCRIPTED_POLICIES
 from harnessrl.rollout.engine import RolloutEngine, RolloutJob
-from harnessrl.tasks.suite import load_suite
+from harnessrl.tasks.suite import load_suite, parse_limit, parse_task_ids, split_size, tasks_by_id
 from harnessrl.trajectory import Trajectory, save_jsonl
 
 
@@ -33,7 +33,10 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--suite", default="workspace", help="task suite name or task file")
     p.add_argument("--split", default="test", help="task split")
-    p.add_argument("--limit", type=int, default=3, help="tasks to run (per harness)")
+    p.add_argument("--limit", type=parse_limit, default=3,
+                   help="tasks to run per harness, a seeded sample (default 3; 'all' for every task of the split)")
+    p.add_argument("--task-ids", type=parse_task_ids, default=None,
+                   help="comma-separated task ids to run instead of a sample (a,b,c)")
     p.add_argument("--seed", type=int, default=0, help="seed for task sampling and policies")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of model policies")
     p.add_argument("--max-turns", type=int, default=HarnessLimits.max_turns, help="turn limit per episode")
@@ -79,6 +82,30 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
     }
 
 
+def task_selection(suite: Any, args: argparse.Namespace, tasks: list[Any]) -> dict[str, Any]:
+    """Returns how the tasks were chosen: by id, or a sample (``sampled``) of the split."""
+    if args.task_ids:
+        return {"suite": suite.name, "by_id": True, "sampled": False, "selected": len(tasks),
+                "task_ids": [t.id for t in tasks]}
+    available = split_size(suite, args.split)
+    sampled = args.limit is not None and (available is None or args.limit < available)
+    return {"suite": suite.name, "split": args.split, "by_id": False, "sampled": sampled,
+            "limit": args.limit, "seed": args.seed, "selected": len(tasks), "available": available,
+            "task_ids": [t.id for t in tasks]}
+
+
+def selection_line(selection: dict[str, Any]) -> str:
+    """Returns one line saying which tasks ran (a sample says so, and how to run them all)."""
+    if selection["by_id"]:
+        return f"tasks: {selection['selected']} by id from suite {selection['suite']!r}"
+    of = f" of {selection['available']}" if selection["available"] is not None else ""
+    if selection["sampled"]:
+        return (f"tasks: a seeded sample of {selection['selected']}{of} {selection['split']} tasks of suite "
+                f"{selection['suite']!r} (--limit {selection['limit']}, --seed {selection['seed']}; "
+                "--limit all runs every task)")
+    return f"tasks: all {selection['selected']} {selection['split']} tasks of suite {selection['suite']!r}"
+
+
 def run_rollout(args: argparse.Namespace) -> int:
     # Scripted policies tokenize bytewise: long gold commands need room.
     scripted = args.policy in SCRIPTED_POLICIES
@@ -89,7 +116,11 @@ def run_rollout(args: argparse.Namespace) -> int:
     )
     harnesses = [Harness.named(name, limits) for name in resolve_harness_set(args.configs, args.seed)]
     suite = load_suite(args.suite)
-    tasks = list(suite.tasks(args.split, limit=args.limit, seed=args.seed))
+    if args.task_ids:
+        tasks = tasks_by_id(suite, args.task_ids)
+    else:
+        tasks = list(suite.tasks(args.split, limit=args.limit, seed=args.seed))
+    selection = task_selection(suite, args, tasks)
     if not tasks:
         raise ValueError(f"suite {args.suite!r} split {args.split!r} has no tasks")
     policy = make_policy(args.policy, args.seed)
@@ -103,6 +134,7 @@ def run_rollout(args: argparse.Namespace) -> int:
     if args.out:
         save_jsonl(trajectories, args.out)
     summary = summarize(trajectories)
+    summary["tasks"] = selection
     summary["timing"] = stats.to_dict()
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -114,5 +146,6 @@ def run_rollout(args: argparse.Namespace) -> int:
         for code, s in summary["per_config"].items():
             print(f"{code:<16} {s['passed']}/{s['episodes']} passed  statuses={s['statuses']}")
         print(f"pass_rate: {summary['pass_rate']:.3f} over {summary['episodes']} episodes")
+        print(selection_line(selection))
     sys.stdout.flush()
     return 0

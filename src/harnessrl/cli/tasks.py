@@ -12,7 +12,13 @@ import yaml
 
 from harnessrl.tasks.base import TaskSuite
 from harnessrl.tasks.model import Task
-from harnessrl.tasks.suite import available_suites, load_suite
+from harnessrl.tasks.suite import (
+    available_suites,
+    load_suite,
+    parse_limit,
+    parse_task_ids,
+    tasks_by_id,
+)
 
 DEFAULT_SUITE = "workspace"
 DEFAULT_SPLIT = "test"
@@ -58,7 +64,10 @@ def register(subparsers: Any) -> None:
         "--split", default=None,
         help=f"split to check (default: {DEFAULT_SPLIT} when the suite has it, else every split)",
     )
-    p.add_argument("--limit", type=int, default=None, help="check a seeded sample of N tasks")
+    p.add_argument("--limit", type=parse_limit, default=None,
+                   help="check a seeded sample of N tasks per split ('all', the default: every task)")
+    p.add_argument("--task-ids", type=parse_task_ids, default=None,
+                   help="check only these comma-separated task ids (a,b,c)")
     p.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
     p.add_argument("--workers", type=int, default=None, help="parallel tasks (default: CPU count)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -172,7 +181,7 @@ def run_show(args: argparse.Namespace) -> int:
     task = _find(suite, args.task_id)
     view = task_view(task)
     if args.json:
-        print(json.dumps(view, indent=2, default=str))
+        print(json.dumps(view, indent=2, default=str, ensure_ascii=False))
         return 0
     out = [
         f"id: {task.id}",
@@ -211,7 +220,10 @@ def run_check(args: argparse.Namespace) -> int:
 
     suite = _load(args.suite)
     splits = _splits(suite, args.split, DEFAULT_SPLIT)
-    tasks = [t for s in splits for t in suite.tasks(s, limit=args.limit, seed=args.seed)]
+    if args.task_ids:
+        tasks = tasks_by_id(suite, args.task_ids)
+    else:
+        tasks = [t for s in splits for t in suite.tasks(s, limit=args.limit, seed=args.seed)]
     progress = False if args.quiet or args.json else None
     results = check_tasks(tasks, workers=args.workers, progress=progress)
     skipped: dict[str, int] = {}

@@ -62,6 +62,22 @@ class TaskSuite(ABC):
         return f"{type(self).__name__}(name={self.name!r}, splits={self.splits()!r})"
 
 
+def seeded_order(items: Sequence[Any], limit: int | None, seed: int) -> list[Any]:
+    """Returns ``limit`` of ``items`` (all when None) drawn and ordered with ``seed``.
+
+    Seed 0 keeps the source order (``sample_in_order``); any other seed shuffles the whole
+    split with ``random.Random(seed)`` and takes a prefix, so a larger ``limit`` of the same
+    seed extends a smaller one, and different seeds evaluate different tasks first.
+    """
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    if seed == 0:
+        return sample_in_order(items, limit, seed)
+    shuffled = list(items)
+    random.Random(seed).shuffle(shuffled)
+    return shuffled if limit is None else shuffled[:limit]
+
+
 def sample_in_order(items: Sequence[Any], limit: int | None, seed: int) -> list[Any]:
     """Returns ``items`` when ``limit`` is None or covers them all, else ``limit`` of them drawn
     with ``random.Random(seed)`` and kept in their original order."""
@@ -74,7 +90,8 @@ def sample_in_order(items: Sequence[Any], limit: int | None, seed: int) -> list[
 
 
 class ListSuite(TaskSuite):
-    """A suite over tasks held in memory, grouped by split (task files load into this)."""
+    """A suite over tasks held in memory, grouped by split (task files and Python lists load
+    into this); ``tasks(split, limit, seed)`` draws and orders them with ``seeded_order``."""
 
     def __init__(
         self,
@@ -107,7 +124,12 @@ class ListSuite(TaskSuite):
 
     def tasks(self, split: str, limit: int | None = None, seed: int = 0) -> Iterator[Task]:
         self.check_split(split)
-        return iter(sample_in_order(self._by_split[split], limit, seed))
+        return iter(seeded_order(self._by_split[split], limit, seed))
+
+    def size(self, split: str) -> int:
+        """Returns how many tasks ``tasks(split)`` yields without a limit."""
+        self.check_split(split)
+        return len(self._by_split[split])
 
     def get(self, task_id: str) -> Task:
         try:

@@ -1,16 +1,22 @@
 """Finding task suites: by name through the entry-point group ``harnessrl.task_suites`` (a built-in table stands in when the package is not installed),
-or by path: a task file (``.yaml``, ``.yml``, ``.json``, ``.jsonl``) or a directory of them.
+by path: a task file (``.yaml``, ``.yml``, ``.json``, ``.jsonl``) or a directory of them, or
+in Python code: ``module:attr`` (an importable module) or ``path/to/file.py[:attr]`` (attr
+``suite`` by default), where the object is a ``TaskSuite``, a list of ``Task`` objects, or a
+callable returning either.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import importlib.util
+import sys
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from harnessrl.tasks.base import TASK_FILE_SUFFIXES, TaskSuite
+from harnessrl.tasks.base import TASK_FILE_SUFFIXES, ListSuite, TaskSuite
 from harnessrl.tasks.files import load_task_suite
 from harnessrl.tasks.model import Task
 
@@ -43,6 +49,72 @@ def _load_target(target: str) -> Any:
     return obj
 
 
+PYTHON_SUITE_ATTR = "suite"
+"""The attribute a ``file.py`` suite is read from when no ``:attr`` is given."""
+
+
+def _split_python_target(text: str) -> tuple[str, str] | None:
+    """Returns ``(file or module, attr)`` for ``file.py[:attr]`` or ``module:attr``, else None."""
+    head, colon, attr = text.rpartition(":") if ":" in text else (text, "", "")
+    if head.endswith(".py"):
+        return head, attr or PYTHON_SUITE_ATTR
+    if colon and head and attr and "/" not in head and not head.lower().endswith(TASK_FILE_SUFFIXES):
+        return head, attr
+    return None
+
+
+def _load_python_file(path: Path) -> Any:
+    """Imports ``path`` as the top-level module named by its stem, its folder first on
+    ``sys.path``: the suite's PythonChecks and builders must be importable by that name again
+    (in the sandbox and in worker processes)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"Python suite file {path} does not exist")
+    name = path.stem
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        if Path(getattr(loaded, "__file__", "") or "").resolve() == path.resolve():
+            return loaded
+        raise ValueError(
+            f"cannot load {path} as module {name!r}: another module of that name is already "
+            f"imported ({getattr(loaded, '__file__', None) or 'built in'}); rename the file")
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"cannot import {path} as Python")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _python_suite(text: str, source: str, attr: str, kwargs: dict[str, Any]) -> TaskSuite:
+    """Returns the suite held by ``attr`` of a Python file or module (see the module docstring)."""
+    module = _load_python_file(Path(source)) if source.endswith(".py") else importlib.import_module(source)
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{text}: {source} has no attribute {attr!r}; define `{attr}` as a "
+                             "TaskSuite, a list of Task objects or a function returning either")
+        obj = getattr(obj, part)
+    if callable(obj) and not isinstance(obj, TaskSuite):
+        obj = obj(**kwargs)
+    name = Path(source).stem if source.endswith(".py") else source.rpartition(".")[2]
+    if isinstance(obj, list | tuple) and all(isinstance(item, Task) for item in obj) and obj:
+        return ListSuite.from_tasks(name, obj)
+    if not isinstance(obj, TaskSuite):
+        raise TypeError(f"{text} resolved to {type(obj).__name__}, not a TaskSuite or a "
+                        "non-empty list of Task objects")
+    if not obj.name:
+        obj.name = name
+    return obj
+
+
 def _looks_like_path(name_or_path: str | Path) -> bool:
     text = str(name_or_path)
     return (
@@ -61,6 +133,9 @@ def load_suite(name_or_path: str | Path, **kwargs: Any) -> TaskSuite:
     one; ``kwargs`` are passed to that callable. An unknown name raises ``ValueError`` listing
     the available suites.
     """
+    python_target = _split_python_target(str(name_or_path))
+    if python_target is not None:
+        return _python_suite(str(name_or_path), *python_target, kwargs)
     if _looks_like_path(name_or_path):
         return load_task_suite(Path(name_or_path))
     name = str(name_or_path)
@@ -75,7 +150,8 @@ def load_suite(name_or_path: str | Path, **kwargs: Any) -> TaskSuite:
     else:
         raise ValueError(
             f"unknown task suite {name!r}; available: {', '.join(available_suites())} "
-            f"(or pass a path to a {'/'.join(TASK_FILE_SUFFIXES)} task file or a directory of them)"
+            f"(or pass a path to a {'/'.join(TASK_FILE_SUFFIXES)} task file or a directory of them, "
+            "a Python file `suite.py[:attr]`, or `module:attr`)"
         )
     obj = loader()
     suite = obj if isinstance(obj, TaskSuite) else obj(**kwargs) if callable(obj) else obj
@@ -89,13 +165,60 @@ def load_suite(name_or_path: str | Path, **kwargs: Any) -> TaskSuite:
     return suite
 
 
+def parse_limit(text: str) -> int | None:
+    """Returns the ``--limit`` value: None for ``all``, else a count >= 0 (an argparse type)."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--limit takes a number of tasks or 'all', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"--limit must be >= 0 or 'all', got {value}")
+    return value
+
+
+def parse_task_ids(text: str) -> list[str]:
+    """Returns the ids of a comma-separated ``--task-ids`` value, in order, each once."""
+    ids = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if not ids:
+        raise argparse.ArgumentTypeError("--task-ids needs at least one task id (a,b,c)")
+    return ids
+
+
+def tasks_by_id(suite: TaskSuite, task_ids: list[str]) -> list[Task]:
+    """Returns the tasks with ``task_ids`` in that order; raises ``ValueError`` naming every
+    id the suite does not have."""
+    found: list[Task] = []
+    missing: list[str] = []
+    for task_id in task_ids:
+        try:
+            found.append(suite.get(task_id))
+        except KeyError:
+            missing.append(task_id)
+    if missing:
+        raise ValueError(f"suite {suite.name!r} has no task(s) {', '.join(missing)}; "
+                         "`harnessrl tasks list --suite ...` shows the ids")
+    return found
+
+
+def split_size(suite: TaskSuite, split: str) -> int | None:
+    """Returns how many tasks ``suite.tasks(split)`` yields without a limit, when the suite can
+    tell without generating them all (a list suite, or one with a ``size(split)`` method)."""
+    size = getattr(suite, "size", None)
+    return int(size(split)) if callable(size) else None
+
+
 def select_tasks(
     suite_name: str, split: str, limit: int | None, seed: int,
     tiers: list[int] | None = None, families: list[str] | None = None,
+    task_ids: list[str] | None = None,
 ) -> list[Task]:
     """Returns up to ``limit`` tasks of ``split`` in the tiers and families given (None = all),
-    in the suite's seeded order."""
+    in the suite's seeded order; with ``task_ids``, exactly those tasks, in that order."""
     suite = load_suite(suite_name)
+    if task_ids:
+        return tasks_by_id(suite, task_ids)
     chosen: list[Task] = []
     for task in suite.tasks(split, seed=seed):
         if (tiers is None or task.tier in tiers) and (families is None or task.family in families):

@@ -37,6 +37,8 @@ def plan_text(actions: Sequence[Action]) -> str:
             lines.append(f"{i}. Write {action.path}.")
         elif action.kind == "edit_file":
             lines.append(f"{i}. Edit {action.path}.")
+        elif action.kind == "delete_file":
+            lines.append(f"{i}. Delete {action.path}.")
         elif action.kind == "run":
             lines.append(f"{i}. Run: {str(action.command).splitlines()[0][:80]}")
         else:
@@ -51,6 +53,8 @@ def describe_action(action: Action) -> str:
         return f"I will write the file {action.path} with the required content."
     if action.kind == "edit_file":
         return f"I will edit {action.path}, replacing the exact text that has to change."
+    if action.kind == "delete_file":
+        return f"I will delete the file {action.path}, which must not remain."
     if action.kind == "run":
         first = str(action.command).strip().splitlines()[0] if str(action.command).strip() else ""
         return f"I will run `{first[:100]}` in the workspace."

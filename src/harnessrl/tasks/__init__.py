@@ -30,12 +30,15 @@ from harnessrl.tasks.verify import (
     check_from_dict,
     evaluate,
 )
+from harnessrl.tasks.verify_extra import AnswerMatchesOutput, BytesEqual, IsExecutable, IsSymlink
 
 __all__ = [
     "Action",
     "AllOf",
     "AnswerEquals",
+    "AnswerMatchesOutput",
     "AnyOf",
+    "BytesEqual",
     "Check",
     "CheckContext",
     "CheckResult",
@@ -45,6 +48,8 @@ __all__ = [
     "FileEquals",
     "FileExists",
     "FileMatches",
+    "IsExecutable",
+    "IsSymlink",
     "JsonField",
     "Not",
     "PytestPasses",

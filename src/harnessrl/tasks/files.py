@@ -8,6 +8,7 @@ a JSONL file holds one task object per line. Each task::
     setup: {files: {path: text}, files_b64: {path: base64}, script: shell run in the sandbox}
     verifier: {kind: file_equals, path: out.txt, content: "42"}   # any check kind, nested
     gold: [{kind: write_file, path: out.txt, content: "42"}]      # actions that solve it
+                                       # (write_file content or content_b64, edit_file, delete_file, run, submit)
     family: misc    tier: 1 (1..4)    split: train    tags: [..]
     protected_files: {path: text}      # laid in again before the verifier runs
     expects_answer: false              # the task is solved by a submitted answer
@@ -74,6 +75,7 @@ ActionSpec = create_model(
     __doc__="One gold action; which fields are needed depends on ``kind``.",
     **{f.name: (hint, f.default if f.default is not MISSING else ...)
        for f, hint in ((f, get_type_hints(Action)[f.name]) for f in dataclass_fields(Action))},
+    content_b64=(str | None, None),  # binary content of a write_file, base64
 )
 
 

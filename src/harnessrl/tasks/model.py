@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import shlex
 from collections.abc import Callable, Mapping
@@ -15,22 +16,26 @@ from harnessrl.tasks.verify import Check, CheckContext, PythonCheck, Verdict, ev
 if TYPE_CHECKING:
     from harnessrl.sandbox import Sandbox
 
-ActionKind = Literal["write_file", "edit_file", "run", "submit"]
-ACTION_KINDS: tuple[str, ...] = ("write_file", "edit_file", "run", "submit")
+ActionKind = Literal["write_file", "edit_file", "delete_file", "run", "submit"]
+ACTION_KINDS: tuple[str, ...] = ("write_file", "edit_file", "delete_file", "run", "submit")
+ACTION_FIELDS: tuple[str, ...] = ("path", "content", "old", "new", "command", "answer")
 
 
 @dataclass(frozen=True)
 class Action:
     """One abstract step of a gold solution, replayable through any harness's tool interface.
 
-    ``write_file`` needs ``path`` and ``content``; ``edit_file`` needs ``path``, ``old`` and
-    ``new`` (exactly one occurrence of ``old`` is replaced); ``run`` needs ``command``;
-    ``submit`` needs ``answer`` (may be empty when the task only checks the workspace).
+    ``write_file`` needs ``path`` and ``content`` (text, or bytes for a binary file);
+    ``edit_file`` needs ``path``, ``old`` and ``new`` (exactly one occurrence of ``old`` is
+    replaced); ``delete_file`` needs ``path``; ``run`` needs ``command``; ``submit`` needs
+    ``answer`` (may be empty when the task only checks the workspace). A tool interface
+    without a native form of an action (a delete, a binary write) replays ``as_shell()``.
+    In dicts, binary content is ``content_b64`` (base64).
     """
 
     kind: ActionKind
     path: str | None = None
-    content: str | None = None
+    content: str | bytes | None = None
     old: str | None = None
     new: str | None = None
     command: str | None = None
@@ -40,6 +45,7 @@ class Action:
         required = {
             "write_file": ("path", "content"),
             "edit_file": ("path", "old", "new"),
+            "delete_file": ("path",),
             "run": ("command",),
             "submit": (),
         }
@@ -58,6 +64,10 @@ class Action:
         return cls("edit_file", path=path, old=old, new=new)
 
     @classmethod
+    def delete(cls, path: str) -> Action:
+        return cls("delete_file", path=path)
+
+    @classmethod
     def run(cls, command: str) -> Action:
         return cls("run", command=command)
 
@@ -68,25 +78,51 @@ class Action:
     def to_dict(self) -> dict[str, Any]:
         """Returns the action as a plain dict without unset fields."""
         out: dict[str, Any] = {"kind": self.kind}
-        for name in ("path", "content", "old", "new", "command", "answer"):
+        for name in ACTION_FIELDS:
             value = getattr(self, name)
-            if value is not None:
+            if isinstance(value, bytes):
+                out["content_b64"] = base64.b64encode(value).decode("ascii")
+            elif value is not None:
                 out[name] = value
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Action:
-        unknown = set(data) - {"kind", "path", "content", "old", "new", "command", "answer"}
+        """Returns the action of a dict written by ``to_dict`` (``content_b64``: binary content)."""
+        unknown = set(data) - {"kind", *ACTION_FIELDS, "content_b64"}
         if unknown:
             raise ValueError(f"unknown action field(s): {', '.join(sorted(unknown))}")
         if "kind" not in data:
             raise ValueError(f"action needs 'kind' (one of {', '.join(ACTION_KINDS)})")
-        return cls(**dict(data))
+        fields_given = dict(data)
+        if "content_b64" in fields_given:
+            if "content" in fields_given:
+                raise ValueError("action has both 'content' and 'content_b64'; keep one")
+            try:
+                fields_given["content"] = base64.b64decode(str(fields_given.pop("content_b64")), validate=True)
+            except ValueError as exc:
+                raise ValueError(f"content_b64 is not valid base64 ({exc})") from None
+        return cls(**fields_given)
+
+    @property
+    def needs_shell(self) -> bool:
+        """True when tool interfaces replay this action as ``as_shell()`` (a delete or a binary
+        write, which no file-editing tool expresses)."""
+        return self.kind == "delete_file" or isinstance(self.content, bytes)
 
     def as_shell(self) -> str:
         """Returns a shell command with the same effect (used by shell-only harnesses)."""
         if self.kind == "run":
             return str(self.command)
+        if self.kind == "delete_file":
+            return f"rm -f -- {shlex.quote(str(self.path))}"
+        if self.kind == "write_file" and isinstance(self.content, bytes):
+            # base64 in a heredoc: ASCII lines no fence closes, no argument-length limit
+            encoded = base64.encodebytes(self.content).decode("ascii")
+            program = ("import base64, os, sys; p = sys.argv[1]; os.makedirs(os.path.dirname(p) or '.', "
+                       "exist_ok=True); open(p, 'wb').write(base64.b64decode(sys.stdin.read()))")
+            return (f"python3 -c {shlex.quote(program)} {shlex.quote(str(self.path))} "
+                    f"<<'HARNESSRL_B64'\n{encoded}HARNESSRL_B64")
         if self.kind == "write_file":
             path = shlex.quote(str(self.path))
             parent = shlex.quote(str(Path(str(self.path)).parent))
@@ -237,7 +273,10 @@ def verify_task(task: Task, sandbox: Sandbox, answer: str | None = None) -> Verd
 def apply_action(action: Action, sandbox: Sandbox) -> str | None:
     """Applies one gold action directly to the sandbox; returns the submitted answer if any."""
     if action.kind == "write_file":
-        sandbox.write_file(str(action.path), str(action.content))
+        content = action.content
+        sandbox.write_file(str(action.path), content if isinstance(content, bytes) else str(content))
+    elif action.kind == "delete_file":
+        sandbox.exec(action.as_shell())
     elif action.kind == "edit_file":
         sandbox.edit_file(str(action.path), str(action.old), str(action.new))
     elif action.kind == "run":

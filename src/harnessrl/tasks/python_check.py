@@ -16,6 +16,7 @@ import logging
 import os
 import shlex
 import sys
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -130,6 +131,26 @@ def runner_detail(stdout: str) -> str | None:
         if isinstance(message, dict) and isinstance(message.get("detail"), str):
             return message["detail"]
     return None
+
+
+def call_with_timeout(fn: Callable[[Any], Any], argument: Any, timeout_s: float) -> tuple[bool, Any]:
+    """Returns ``(True, fn(argument))``, or ``(False, None)`` when it has not returned within
+    ``timeout_s``; an exception it raises is raised here."""
+    outcome: list[Any] = []
+    failure: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            outcome.append(fn(argument))
+        except BaseException as exc:  # raised again in the caller's thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=call, name="harnessrl-host-check", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if failure:
+        raise failure[0]
+    return (True, outcome[0]) if outcome else (False, None)
 
 
 _HOST_CHECKS_WARNED: set[tuple[str, str]] = set()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from harnessrl.sandbox import SandboxMount
 from harnessrl.tasks.python_check import (
+    call_with_timeout,
     import_name,
     mount_for,
     roots_for,
@@ -555,6 +556,8 @@ class PythonCheck(Check):
     starts (``python hello.py``, ``pytest``) is sandboxed too. Its exit decides the result.
     ``on_host=True`` runs ``fn`` in this process instead, with the full `CheckContext`: it then
     runs as the trainer's user, outside the sandbox, and the run says so once with a warning.
+    Either way ``timeout_s`` bounds it: past it the check fails (a host call is left running
+    in a daemon thread; Python cannot stop it, but the verdict no longer waits).
     """
 
     kind: ClassVar[str] = "python"
@@ -578,7 +581,9 @@ class PythonCheck(Check):
     def run(self, ctx: CheckContext) -> list[CheckResult]:
         if self.on_host:
             warn_host_check(self.name, self.fn)
-            out = self.fn(ctx)
+            finished, out = call_with_timeout(self.fn, ctx, self.timeout_s)
+            if not finished:
+                return [CheckResult(False, self.name, f"timed out after {self.timeout_s} s (on the host)")]
             if isinstance(out, CheckResult):
                 return [out]
             return [CheckResult(bool(out), self.name, "ok" if out else "returned false")]

@@ -23,6 +23,7 @@ from harnessrl.harness.tools.common import (
     python_edit_command,
     python_write_command,
     read_text,
+    replayable,
     resolve_path,
     shell_output,
 )
@@ -324,6 +325,7 @@ class AiderEditBlockTools(SchemaToolInterface):
 
     def render(self, action: Action, thought: str = "") -> str:
         """Returns a sentence and the block, command or ``/submit`` line performing ``action``."""
+        action = replayable(action)
         prefix = f"{thought.strip()}\n\n" if thought.strip() else ""
         path = str(action.path)
         plain_path = bool(path) and not any(c.isspace() for c in path)

@@ -30,6 +30,7 @@ from harnessrl.harness.tools.common import (
     display_path,
     inside_root,
     is_dir,
+    replayable,
     resolve_path,
     shell_output,
     split_lines,
@@ -239,6 +240,7 @@ class CodexExecTools(SchemaToolInterface):
 
     def render(self, action: Action, thought: str = "") -> str:
         """Returns a sentence and one ``<function=...>`` call performing ``action``."""
+        action = replayable(action)
         prefix = f"{thought.strip()}\n\n" if thought.strip() else ""
         path = str(action.path)
         if action.kind == "write_file" and _patch_safe(str(action.content)):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from harnessrl.harness.base import ToolOutput
 from harnessrl.sandbox import WORKSPACE_MOUNT, SandboxError
+from harnessrl.tasks.model import Action
 
 if TYPE_CHECKING:
     from harnessrl.sandbox import ExecResult, Sandbox
@@ -199,6 +200,12 @@ if count != 1:
 with open(path, 'w', encoding='utf-8', errors='surrogateescape', newline='') as f:
     f.write(text.replace(old, new, 1))
 PYEOF"""
+
+
+def replayable(action: Action) -> Action:
+    """Returns ``action``, or a ``run`` of its shell form when tool interfaces have no native
+    form of it (``Action.needs_shell``: a delete or a binary write)."""
+    return Action.run(action.as_shell()) if action.needs_shell else action
 
 
 def python_write_command(path: str, content: str) -> str:

@@ -18,6 +18,7 @@ from harnessrl.harness.tools.common import (
     is_dir,
     number_lines,
     read_text,
+    replayable,
     resolve_path,
     shell_output,
     split_lines,
@@ -346,6 +347,7 @@ class ShellEditorJsonTools(SchemaToolInterface):
 
     def render(self, action: Action, thought: str = "") -> str:
         """Returns a discussion and one JSON call performing ``action``."""
+        action = replayable(action)
         if action.kind == "write_file":
             call = {"name": "str_replace_editor", "arguments": {
                 "command": "create", "path": display_path(str(action.path)), "file_text": action.content}}

@@ -19,6 +19,7 @@ from harnessrl.harness.tools.common import (
     heredoc_write_command,
     python_edit_command,
     python_write_command,
+    replayable,
     shell_output,
 )
 from harnessrl.harness.tools.schema import SchemaToolInterface
@@ -166,6 +167,7 @@ class ShellBlockTools(SchemaToolInterface):
     @staticmethod
     def render_command(action: Action) -> str:
         """Returns the shell command of ``action`` (safe to put in a fenced block)."""
+        action = replayable(action)
         if action.kind == "write_file":
             path, content = str(action.path), str(action.content)
             return heredoc_write_command(path, content) or python_write_command(path, content)

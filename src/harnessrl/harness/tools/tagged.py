@@ -22,6 +22,7 @@ from harnessrl.harness.tools.common import (
     is_dir,
     number_lines,
     read_text,
+    replayable,
     resolve_path,
     shell_output,
     split_lines,
@@ -440,6 +441,7 @@ class FineGrainedTaggedTools(SchemaToolInterface):
 
     def render(self, action: Action, thought: str = "") -> str:
         """Returns a sentence and one ``<tool_call>`` block performing ``action``."""
+        action = replayable(action)
         arguments: dict[str, Any]
         if action.kind == "write_file":
             name, arguments = "Write", {"file_path": display_path(str(action.path)), "content": action.content}

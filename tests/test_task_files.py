@@ -215,7 +215,7 @@ def test_bad_gold_action_and_nested_verifier_point_at_their_lines(tmp_path):
     # Structural errors are reported first; fix them and the verifier is checked in the same pass.
     assert (
         f"g.yaml line {_line_of(path, '- {kind: writefile')}, task 0 (id 'z'), field gold[1].kind: "
-        "unknown action kind 'writefile'; use one of write_file, edit_file, run, submit"
+        "unknown action kind 'writefile'; use one of write_file, edit_file, delete_file, run, submit"
     ) in message
 
 
@@ -288,7 +288,7 @@ def test_invalid_yaml_and_bad_top_level_name_the_line(tmp_path):
         """)
     message = _error(path)
     assert message.startswith(f"top.yaml line {_line_of(path, 'task:')}: unknown top-level key 'task'")
-    assert "name, description, tasks" in message
+    assert "name, description, requires, mounts, tasks" in message
 
 
 def test_duplicate_ids_within_a_file_and_across_a_directory(tmp_path):

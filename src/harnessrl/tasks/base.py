@@ -5,11 +5,13 @@ A suite is named data: splits of tasks. ``harnessrl.tasks.suite`` finds suites b
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from harnessrl.sandbox import SandboxMount
 from harnessrl.tasks.model import Task
 
 TASK_FILE_SUFFIXES: tuple[str, ...] = (".yaml", ".yml", ".json", ".jsonl")
@@ -20,11 +22,15 @@ class TaskSuite(ABC):
 
     Subclasses implement ``splits`` and ``tasks``; ``get`` scans every split unless overridden.
     ``skipped`` maps a reason to how many source tasks the suite could not offer, so that
-    nothing is dropped silently.
+    nothing is dropped silently. ``requires`` names the Python packages its tasks import in
+    the sandbox and ``mounts`` the read-only host directories they need there
+    (``harnessrl.tasks.needs``; ``load_suite`` checks both).
     """
 
     name: str = ""
     description: str = ""
+    requires: tuple[str, ...] = ()
+    mounts: tuple[SandboxMount, ...] = ()
 
     @abstractmethod
     def splits(self) -> tuple[str, ...]:
@@ -62,6 +68,14 @@ class TaskSuite(ABC):
         return f"{type(self).__name__}(name={self.name!r}, splits={self.splits()!r})"
 
 
+def with_mounts(task: Task, mounts: Sequence[SandboxMount]) -> Task:
+    """Returns ``task`` with ``mounts`` added to its own (a copy; the same task when none)."""
+    if not mounts:
+        return task
+    merged = {m.target: m for m in (*mounts, *task.mounts)}
+    return dataclasses.replace(task, mounts=tuple(merged.values()))
+
+
 def seeded_order(items: Sequence[Any], limit: int | None, seed: int) -> list[Any]:
     """Returns ``limit`` of ``items`` (all when None) drawn and ordered with ``seed``.
 
@@ -91,7 +105,8 @@ def sample_in_order(items: Sequence[Any], limit: int | None, seed: int) -> list[
 
 class ListSuite(TaskSuite):
     """A suite over tasks held in memory, grouped by split (task files and Python lists load
-    into this); ``tasks(split, limit, seed)`` draws and orders them with ``seeded_order``."""
+    into this); ``tasks(split, limit, seed)`` draws and orders them with ``seeded_order``.
+    The suite's ``mounts`` are added to each task's own."""
 
     def __init__(
         self,
@@ -99,10 +114,15 @@ class ListSuite(TaskSuite):
         tasks_by_split: Mapping[str, Sequence[Task]],
         description: str = "",
         skipped: Mapping[str, int] | None = None,
+        requires: Sequence[str] = (),
+        mounts: Sequence[SandboxMount] = (),
     ) -> None:
         self.name = name
         self.description = description
-        self._by_split: dict[str, list[Task]] = {s: list(ts) for s, ts in tasks_by_split.items()}
+        self.requires = tuple(requires)
+        self.mounts = tuple(mounts)
+        self._by_split: dict[str, list[Task]] = {
+            s: [with_mounts(t, self.mounts) for t in ts] for s, ts in tasks_by_split.items()}
         self._by_id: dict[str, Task] = {}
         for split, split_tasks in self._by_split.items():
             for task in split_tasks:
@@ -112,12 +132,13 @@ class ListSuite(TaskSuite):
         self._skipped = dict(skipped or {})
 
     @classmethod
-    def from_tasks(cls, name: str, tasks: Iterable[Task], description: str = "") -> ListSuite:
+    def from_tasks(cls, name: str, tasks: Iterable[Task], description: str = "",
+                   requires: Sequence[str] = (), mounts: Sequence[SandboxMount] = ()) -> ListSuite:
         """Returns a suite whose splits are the tasks' own ``split`` fields, in first-seen order."""
         by_split: dict[str, list[Task]] = {}
         for task in tasks:
             by_split.setdefault(task.split, []).append(task)
-        return cls(name, by_split, description=description)
+        return cls(name, by_split, description=description, requires=requires, mounts=mounts)
 
     def splits(self) -> tuple[str, ...]:
         return tuple(self._by_split)

@@ -1,6 +1,8 @@
 """The task file format: load and validate YAML / JSON / JSONL task files, and dump tasks back.
 
-A YAML or JSON file holds a list of tasks, or a mapping ``{name, description, tasks: [...]}``;
+A YAML or JSON file holds a list of tasks, or a mapping ``{name, description, requires,
+mounts, tasks: [...]}`` (``requires``: Python packages the tasks import in the sandbox;
+``mounts``: ``[{source, target}]`` read-only host directories; see ``harnessrl.tasks.needs``);
 a JSONL file holds one task object per line. Each task::
 
     id: unique-id                      # no whitespace
@@ -37,9 +39,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from harnessrl.tasks.base import TASK_FILE_SUFFIXES, ListSuite
 from harnessrl.tasks.model import ACTION_KINDS, Action, Task, TaskSetup
+from harnessrl.tasks.needs import parse_mounts
 from harnessrl.tasks.verify import Check, PythonCheck, check_from_dict
 
-SUITE_KEYS: tuple[str, ...] = ("name", "description", "tasks")
+SUITE_KEYS: tuple[str, ...] = ("name", "description", "requires", "mounts", "tasks")
 
 
 class TaskFileError(ValueError):
@@ -372,6 +375,14 @@ def _read_entries(path: Path) -> tuple[list[tuple[Any, _Where]], dict[str, Any]]
                 raise TaskFileError([f"{path.name}: top-level '{key}' must be a string"])
             if key in data:
                 suite_fields[key] = data[key]
+        requires = data.get("requires", [])
+        if not isinstance(requires, list) or not all(isinstance(n, str) and n for n in requires):
+            raise TaskFileError([f"{path.name}: top-level 'requires' must be a list of package names"])
+        suite_fields["requires"] = requires
+        try:
+            suite_fields["mounts"] = parse_mounts(data.get("mounts") or [], "mounts")
+        except (TypeError, ValueError) as exc:
+            raise TaskFileError([f"{path.name}: {exc}"]) from None
         data = data["tasks"]
         tasks_node = _child(root_node, "tasks")
     if data is None:
@@ -452,7 +463,8 @@ def load_task_suite(path: str | Path) -> ListSuite:
     if errors:
         raise TaskFileError(errors)
     name = suite_fields.get("name") or (path.name if path.is_dir() else path.stem)
-    return ListSuite.from_tasks(name, all_tasks, description=suite_fields.get("description", ""))
+    return ListSuite.from_tasks(name, all_tasks, description=suite_fields.get("description", ""),
+                                requires=suite_fields.get("requires", ()), mounts=suite_fields.get("mounts", ()))
 
 
 def load_tasks(path: str | Path) -> list[Task]:

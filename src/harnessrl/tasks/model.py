@@ -177,6 +177,9 @@ class Task:
     verifier runs (tests the agent must not edit), so rewriting them cannot pass a task.
     ``expects_answer`` says the task is solved by a submitted answer (checked with
     ``AnswerEquals`` and friends) rather than only by the state of the workspace.
+    ``mounts`` are host directories the episode's sandbox shows (read-only unless a mount
+    says otherwise) from the start to the verdict: fixtures or tools the task needs outside
+    the workspace (a suite's ``mounts`` declaration sets them, see ``ListSuite``).
     """
 
     id: str
@@ -191,6 +194,7 @@ class Task:
     protected_files: dict[str, str] = field(default_factory=dict)
     expects_answer: bool = False
     metadata: dict[str, Any] = field(default_factory=dict)
+    mounts: tuple[SandboxMount, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.id or any(c.isspace() for c in self.id):
@@ -204,7 +208,10 @@ class Task:
 
 
 def prepare_workspace(task: Task, sandbox: Sandbox) -> None:
-    """Lays out the task's starting workspace in ``sandbox`` (files, builder, then script)."""
+    """Lays out the task's starting workspace in ``sandbox`` (its mounts, files, builder, then
+    script)."""
+    if task.mounts:
+        sandbox.restart(mounts=task.mounts)
     for rel_path, content in task.setup.files.items():
         sandbox.write_file(rel_path, content)
     if task.setup.builder is not None:
@@ -260,7 +267,8 @@ def verify_task(task: Task, sandbox: Sandbox, answer: str | None = None) -> Verd
     modules of sandboxed Python checks), then the protected files are laid in, overwriting
     whatever the agent left at those paths, then the checks run from the workspace root.
     """
-    sandbox.restart(mounts=check_mounts_for(task.verifier), verification=True)
+    mounts = {mount.target: mount for mount in (*task.mounts, *check_mounts_for(task.verifier))}
+    sandbox.restart(mounts=tuple(mounts.values()), verification=True)
     for rel_path, content in task.protected_files.items():
         try:
             sandbox.write_file(rel_path, content)

@@ -1,8 +1,9 @@
 """Finding task suites: by name through the entry-point group ``harnessrl.task_suites`` (a built-in table stands in when the package is not installed),
 by path: a task file (``.yaml``, ``.yml``, ``.json``, ``.jsonl``) or a directory of them, or
 in Python code: ``module:attr`` (an importable module) or ``path/to/file.py[:attr]`` (attr
-``suite`` by default), where the object is a ``TaskSuite``, a list of ``Task`` objects, or a
-callable returning either.
+``suite`` by default), where the object is a ``TaskSuite``, a list of ``Task`` objects (the
+module's ``requires`` and ``mounts``, if any, are the list's needs), or a callable returning
+either.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from harnessrl.tasks.base import TASK_FILE_SUFFIXES, ListSuite, TaskSuite
 from harnessrl.tasks.files import load_task_suite
 from harnessrl.tasks.model import Task
+from harnessrl.tasks.needs import check_suite_needs, parse_mounts
 
 ENTRY_POINT_GROUP = "harnessrl.task_suites"
 
@@ -106,7 +108,9 @@ def _python_suite(text: str, source: str, attr: str, kwargs: dict[str, Any]) -> 
         obj = obj(**kwargs)
     name = Path(source).stem if source.endswith(".py") else source.rpartition(".")[2]
     if isinstance(obj, list | tuple) and all(isinstance(item, Task) for item in obj) and obj:
-        return ListSuite.from_tasks(name, obj)
+        # a list's needs are the module's `requires` and `mounts`, when it defines them
+        return ListSuite.from_tasks(name, obj, requires=tuple(getattr(module, "requires", ())),
+                                    mounts=parse_mounts(getattr(module, "mounts", ())))
     if not isinstance(obj, TaskSuite):
         raise TypeError(f"{text} resolved to {type(obj).__name__}, not a TaskSuite or a "
                         "non-empty list of Task objects")
@@ -127,6 +131,15 @@ def _looks_like_path(name_or_path: str | Path) -> bool:
 
 
 def load_suite(name_or_path: str | Path, **kwargs: Any) -> TaskSuite:
+    """Returns the suite (see ``find_suite``) after checking that this host can give its
+    sandbox what the suite declares it needs (``requires``, ``mounts``; raises
+    ``SuiteNeedsError`` naming what is missing)."""
+    suite = find_suite(name_or_path, **kwargs)
+    check_suite_needs(suite.name, suite.requires, suite.mounts)
+    return suite
+
+
+def find_suite(name_or_path: str | Path, **kwargs: Any) -> TaskSuite:
     """Returns the suite registered under a name, or loaded from a task file or directory.
 
     A registered entry point may be a ``TaskSuite`` or a callable ``suite(**kwargs)`` returning

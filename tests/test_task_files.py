@@ -357,3 +357,14 @@ def test_list_suite_samples_and_orders_with_a_seed_and_seed_0_keeps_file_order()
         list(suite.tasks("test"))
     with pytest.raises(ValueError, match="duplicate task id 't0'"):
         ListSuite("dup", {"train": tasks[:1], "test": tasks[:1]})
+
+
+def test_a_file_outside_the_workspace_is_refused_with_the_reason_and_the_fix(tmp_path):
+    path = tmp_path / "abs.yaml"
+    path.write_text("- {id: a, instruction: x, setup: {files: {/testbed/a.py: 'x'}}, "
+                    "verifier: {kind: file_exists, path: a.py}, gold: [{kind: run, command: 'true'}]}\n")
+    with pytest.raises(TaskFileError) as caught:
+        load_tasks(path)
+    message = str(caught.value)
+    assert "files are placed only there" in message and "write 'testbed/a.py' instead" in message
+    assert "mounts" in message

@@ -215,9 +215,20 @@ class _Where:
 
 
 def _check_rel_path(path: str) -> str | None:
-    """Returns why ``path`` is not a workspace-relative path, or None when it is."""
+    """Returns why ``path`` is not a workspace-relative path, or None when it is.
+
+    Files are placed only in the workspace, by design: it is the one directory of the sandbox
+    the agent may write, the one harnessrl lays out, restores protected files into and
+    verifies, and what the agent starts in (``/workspace``); the rest of the sandbox is the
+    host's read-only system. A task written for another root (``/testbed``) names its paths
+    relative to the workspace instead; read-only host files can appear elsewhere through the
+    suite's ``mounts``.
+    """
     if not path or path.startswith("/") or path.startswith("~"):
-        return "must be a relative path inside the workspace"
+        shown = path.lstrip("/~") or "name"
+        return (f"must be a relative path inside the workspace (files are placed only there, the "
+                f"agent's writable working directory /workspace): write {shown!r} instead; "
+                "read-only host files elsewhere come from the suite's mounts")
     if ".." in posixpath.normpath(path).split("/"):
         return "must not leave the workspace ('..')"
     return None

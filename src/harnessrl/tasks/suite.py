@@ -1,7 +1,7 @@
 """Finding task suites: by name through the entry-point group ``harnessrl.task_suites`` (a built-in table stands in when the package is not installed),
 by path: a task file (``.yaml``, ``.yml``, ``.json``, ``.jsonl``) or a directory of them, or
 in Python code: ``module:attr`` (an importable module) or ``path/to/file.py[:attr]`` (attr
-``suite`` by default), where the object is a ``TaskSuite``, a list of ``Task`` objects (the
+``suite``, else ``tasks``, by default), where the object is a ``TaskSuite``, a list of ``Task`` objects (the
 module's ``requires`` and ``mounts``, if any, are the list's needs), or a callable returning
 either.
 """
@@ -51,15 +51,15 @@ def _load_target(target: str) -> Any:
     return obj
 
 
-PYTHON_SUITE_ATTR = "suite"
-"""The attribute a ``file.py`` suite is read from when no ``:attr`` is given."""
+PYTHON_SUITE_ATTRS: tuple[str, ...] = ("suite", "tasks")
+"""The attributes a ``file.py`` suite is read from when no ``:attr`` is given (the first found)."""
 
 
 def _split_python_target(text: str) -> tuple[str, str] | None:
     """Returns ``(file or module, attr)`` for ``file.py[:attr]`` or ``module:attr``, else None."""
     head, colon, attr = text.rpartition(":") if ":" in text else (text, "", "")
     if head.endswith(".py"):
-        return head, attr or PYTHON_SUITE_ATTR
+        return head, attr
     if colon and head and attr and "/" not in head and not head.lower().endswith(TASK_FILE_SUFFIXES):
         return head, attr
     return None
@@ -98,11 +98,14 @@ def _load_python_file(path: Path) -> Any:
 def _python_suite(text: str, source: str, attr: str, kwargs: dict[str, Any]) -> TaskSuite:
     """Returns the suite held by ``attr`` of a Python file or module (see the module docstring)."""
     module = _load_python_file(Path(source)) if source.endswith(".py") else importlib.import_module(source)
+    if not attr:
+        attr = next((name for name in PYTHON_SUITE_ATTRS if hasattr(module, name)), PYTHON_SUITE_ATTRS[0])
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ValueError(f"{text}: {source} has no attribute {attr!r}; define `{attr}` as a "
-                             "TaskSuite, a list of Task objects or a function returning either")
+            raise ValueError(f"{text}: {source} has no attribute {attr!r}; define `{attr}` (or, for a "
+                             f"file, one of {', '.join(PYTHON_SUITE_ATTRS)}) as a TaskSuite, a list "
+                             "of Task objects or a function returning either")
         obj = getattr(obj, part)
     if callable(obj) and not isinstance(obj, TaskSuite):
         obj = obj(**kwargs)

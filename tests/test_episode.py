@@ -16,7 +16,7 @@ from harnessrl.policy.scripted import OraclePolicy, RandomPolicy, ReplayPolicy
 from harnessrl.rollout.engine import RolloutEngine, RolloutJob
 from harnessrl.rollout.episode import Episode, run_episode
 from harnessrl.sandbox import open_sandbox
-from harnessrl.tasks import Action, FileEquals, Task
+from harnessrl.tasks import Action, AllOf, AnswerEquals, FileEquals, Task
 from harnessrl.tasks.suite import load_suite
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -70,6 +70,22 @@ def test_oracle_submits_multi_line_answers_under_every_training_config_and_out_o
     failures = [(t.config, t.task_id, t.status, t.verdict) for t in trajectories if not t.passed]
     assert not failures, failures[:5]
     assert stats.episodes == len(jobs) and stats.errored == 0
+
+
+def test_long_file_contents_and_long_multi_line_answers_pass_through_every_tool_interface():
+    """A 120 kB file with fence and edit-block marker lines, and a 28 kB answer of 1,000 lines."""
+    content = "".join(f"line {i}: ``` <<<<<<< SEARCH\n" if i % 97 == 0 else f"line {i}: {'y' * (i % 60)}\n"
+                      for i in range(3000))
+    answer = "\n".join(f"row {i} {'z' * (i % 40)}" for i in range(1000))
+    task = Task(id="long-contents", instruction="Write big.txt and submit the rows.", expects_answer=True,
+                verifier=AllOf(checks=(FileEquals("big.txt", content, strip=False), AnswerEquals(answer, mode="exact"))),
+                gold=[Action.write("big.txt", content), Action.submit(answer)])
+    limits = HarnessLimits(max_new_tokens=400_000, context_tokens=2_000_000)
+    names = orthogonal(default_space()).codes + out_of_space_names()
+    trajectories, _ = RolloutEngine(OraclePolicy(), max_concurrent=4, env_workers=2).run(
+        [RolloutJob(task, Harness.named(name, limits), seed=1) for name in names])
+    failures = [(t.config, t.status, t.verdict) for t in trajectories if not t.passed]
+    assert not failures, failures[:3]
 
 
 @pytest.mark.slow

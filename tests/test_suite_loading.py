@@ -112,3 +112,15 @@ def test_a_suite_declares_packages_and_read_only_mounts_it_needs(tmp_path):
     with pytest.raises(ValueError, match=r"mounts\[0\].*is not a directory"):
         load_suite(missing_dir)
     shutil.rmtree(fixture)
+
+
+def test_every_suite_orders_its_tasks_by_the_seed():
+    """The built-in suite and the AgentBench OS adapter (list suites: test_task_files): seeds give
+    different orders."""
+    from harnessrl.tasks.external.agentbench_os import suite as agentbench_suite
+
+    for suite in (load_suite("workspace"), agentbench_suite()):
+        split = suite.splits()[-1]
+        orders = {tuple(suite.task_ids(split, seed=seed)) if hasattr(suite, "task_ids") else
+                  tuple(t.id for t in suite.tasks(split, seed=seed)) for seed in (0, 1, 2)}
+        assert len(orders) == 3, suite.name

@@ -47,7 +47,7 @@ from pathlib import Path
 from threading import Lock
 from typing import Any
 
-from harnessrl.tasks.base import TaskSuite, sample_in_order
+from harnessrl.tasks.base import TaskSuite, seeded_order
 from harnessrl.tasks.model import Action, Task, TaskSetup
 from harnessrl.tasks.verify import AnswerEquals, AnyOf, Check, CommandExit
 
@@ -550,7 +550,7 @@ class AgentBenchOSSuite(TaskSuite):
         (a task whose example solution then fails is skipped, not yielded)."""
         self.check_split(split)
         runnable = [s for s in self._sources[split] if not s.skip]
-        return [s.id for s in sample_in_order(runnable, limit, seed)]
+        return [s.id for s in seeded_order(runnable, limit, seed)]
 
     def tasks(self, split: str, limit: int | None = None, seed: int = 0) -> Iterator[Task]:
         chosen = [self._by_id[task_id] for task_id in self.task_ids(split, limit, seed)]

@@ -11,6 +11,7 @@ import pytest
 
 from harnessrl.cli import main
 from harnessrl.tasks.check import check_tasks
+from harnessrl.tasks.files import dump_tasks
 from harnessrl.tasks.needs import SuiteNeedsError
 from harnessrl.tasks.suite import load_suite, parse_limit, select_tasks
 
@@ -103,6 +104,8 @@ def test_a_suite_declares_packages_and_read_only_mounts_it_needs(tmp_path):
     assert [m.target for m in task.mounts] == ["/opt/fixture"]
     (result,) = check_tasks([task], workers=1, progress=False)
     assert result.ok, result
+    again = load_suite(dump_tasks([task], tmp_path / "again.yaml", requires=suite.requires, mounts=suite.mounts))
+    assert (again.requires, again.mounts) == (("json",), suite.mounts)
     missing_pkg = tmp_path / "pkg.yaml"
     missing_pkg.write_text(body.format(pkg="no_such_package_xyz", src=fixture))
     with pytest.raises(SuiteNeedsError, match="no_such_package_xyz cannot be imported by"):

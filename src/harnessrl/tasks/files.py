@@ -37,6 +37,7 @@ from typing import Any, get_type_hints
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
+from harnessrl.sandbox import SandboxMount
 from harnessrl.tasks.base import TASK_FILE_SUFFIXES, ListSuite
 from harnessrl.tasks.model import ACTION_KINDS, Action, Task, TaskSetup
 from harnessrl.tasks.needs import parse_mounts
@@ -554,11 +555,13 @@ _BlockDumper.add_representer(str, _str_representer)
 
 
 def dump_tasks(
-    tasks: Iterable[Task], path: str | Path, name: str | None = None, description: str | None = None
+    tasks: Iterable[Task], path: str | Path, name: str | None = None, description: str | None = None,
+    requires: Sequence[str] = (), mounts: Sequence[SandboxMount] = (),
 ) -> Path:
     """Writes tasks to ``path`` (format from the suffix: .yaml/.yml, .json or .jsonl); returns it.
 
     Raises ``ValueError`` naming the task when one holds code (a builder or a PythonCheck).
+    A JSONL file has no suite-level fields: ``requires`` and ``mounts`` need YAML or JSON.
     """
     path = Path(path)
     records = [task_to_dict(t) for t in tasks]
@@ -567,6 +570,8 @@ def dump_tasks(
         raise ValueError(f"{path.name}: unknown task file type; use {', '.join(TASK_FILE_SUFFIXES)}")
     path.parent.mkdir(parents=True, exist_ok=True)
     if suffix == ".jsonl":
+        if requires or mounts:
+            raise ValueError(f"{path.name}: a JSONL task file cannot hold requires or mounts; use .yaml or .json")
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     else:
         document: dict[str, Any] = {}
@@ -574,6 +579,10 @@ def dump_tasks(
             document["name"] = name
         if description:
             document["description"] = description
+        if requires:
+            document["requires"] = list(requires)
+        if mounts:
+            document["mounts"] = [{"source": m.source, "target": m.target} for m in mounts]
         document["tasks"] = records
         if suffix == ".json":
             text = json.dumps(document, indent=2, ensure_ascii=False) + "\n"

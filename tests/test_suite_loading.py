@@ -127,3 +127,11 @@ def test_every_suite_orders_its_tasks_by_the_seed():
         orders = {tuple(suite.task_ids(split, seed=seed)) if hasattr(suite, "task_ids") else
                   tuple(t.id for t in suite.tasks(split, seed=seed)) for seed in (0, 1, 2)}
         assert len(orders) == 3, suite.name
+
+
+def test_eval_takes_task_ids_and_limit_all(py_suite, capsys):
+    base = ["eval", "--policy", "oracle", "--configs", "S0-T0-O0-C0-W0", "--suite", str(py_suite), "--json"]
+    assert main([*base, "--task-ids", "py-3,py-9"]) == 0
+    assert json.loads(capsys.readouterr().out)["meta"]["tasks"] == 2
+    assert main([*base, "--limit", "all"]) == 0
+    assert json.loads(capsys.readouterr().out)["meta"]["tasks"] == 12

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,11 @@ def register(subparsers: Any) -> None:
         "flags above; --print-config lists the fields",
     )
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument(
+        "--nproc", type=int, default=None, metavar="N",
+        help="data-parallel training on N local processes: relaunches this command under torchrun "
+        "(the same as `torchrun --nproc-per-node N -m harnessrl.cli train ...`)",
+    )
     p.set_defaults(func=run_train)
 
 
@@ -49,6 +55,8 @@ def run_train(args: argparse.Namespace) -> int:
             f"--resume: run directory {run_dir} does not exist, so there is nothing to resume "
             "(check the path, or leave out --resume to start a new run there)"
         )
+    if not run_dir and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("under torchrun, pass --run-dir: every rank must name the same run directory")
     run_dir = run_dir or f"runs/{args.preset or 'quick'}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = load_config(
         args.config, args.preset,
@@ -58,6 +66,11 @@ def run_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(json.dumps(cfg.model_dump(), indent=2))
         return 0
+    if args.nproc is not None and args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        from harnessrl.rl.distributed import launch
+
+        argv = sys.argv[sys.argv.index("train") + 1 :]
+        return launch(args.nproc, argv if args.run_dir else [*argv, "--run-dir", cfg.run_dir])
     from harnessrl.rl.loop import train
 
     def log(message: str) -> None:
@@ -65,6 +78,8 @@ def run_train(args: argparse.Namespace) -> int:
 
     log(f"run directory: {cfg.run_dir}")
     summary = train(cfg, resume=args.resume, log=log)
+    if os.environ.get("RANK", "0") != "0":
+        return 0  # rank 0 prints the summary of a torchrun job
     print()
     from harnessrl.rl.loop import format_summary
 

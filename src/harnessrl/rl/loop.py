@@ -42,6 +42,7 @@ from harnessrl.rl.checkpoint import (
     save_checkpoint,
 )
 from harnessrl.rl.config import TrainConfig
+from harnessrl.rl.distributed import DataParallel
 from harnessrl.rl.rescue import Rescue
 from harnessrl.rl.schedules import (
     lr_lambda,
@@ -64,7 +65,11 @@ class Trainer:
     """Owns the policy, optimizer and run directory of one training run."""
 
     def __init__(self, cfg: TrainConfig, resume: bool = False, log: Logger = print) -> None:
-        self.cfg, self.log = cfg, log
+        # Under torchrun every rank trains; rank 0 alone logs and writes (rl.distributed).
+        self.parallel = DataParallel.from_env()
+        self.main = self.parallel is None or self.parallel.is_main
+        self.cfg, self.log = cfg, (log if self.main else lambda message: None)
+        log = self.log
         self.run_dir = Path(cfg.run_dir)
         if resume:  # this trainer is the run's only writer: repair what a kill mid-save left
             for message in recover_checkpoints(self.run_dir):
@@ -76,8 +81,11 @@ class Trainer:
             raise ValueError(
                 f"run directory {self.run_dir} is not empty; pass --resume to continue it or --run-dir for a new run"
             )
+        if self.parallel is not None:
+            self.parallel.barrier()  # every rank has looked at the directory before rank 0 fills it
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2), encoding="utf-8")
+        if self.main:
+            (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2), encoding="utf-8")
         seed_everything(cfg.seed)
 
         from harnessrl.policy import make_training_policy
@@ -206,7 +214,12 @@ class Trainer:
         return sets
 
     def evaluate(self, label: str) -> dict[str, Any]:
-        """Returns Pass@1 per evaluation set; all sets run as one batch of episodes."""
+        """Returns Pass@1 per evaluation set; all sets run as one batch of episodes (on rank 0)."""
+        if self.parallel is not None:
+            return self.parallel.on_main(lambda: self._evaluate(label))
+        return self._evaluate(label)
+
+    def _evaluate(self, label: str) -> dict[str, Any]:
         sets = {name: codes for name, codes in self.eval_sets().items() if codes}
         if not sets:
             return {}
@@ -250,8 +263,16 @@ class Trainer:
                         tags={"group": group, "slot": pair.slot},
                     )
                 )
-        trajectories, stats = self.engine().run(jobs)
+        trajectories, stats = self.run_sharded(jobs, [job.tags["group"] for job in jobs])
         return trajectories, [job.tags["group"] for job in jobs], stats
+
+    def run_sharded(self, jobs: list[RolloutJob], keys: list[int]) -> tuple[list[Any], Any]:
+        """Runs jobs (under torchrun: job i on rank ``keys[i] mod world size``, gathered on every
+        rank); returns their trajectories in order and the rollout stats."""
+        if self.parallel is None:
+            return self.engine().run(jobs)
+        owners = [key % self.parallel.world_size for key in keys]
+        return self.parallel.run_sharded(self.engine().run, jobs, owners)
 
     def engine(self) -> RolloutEngine:
         """Returns a rollout engine over the current policy with the training sampling."""
@@ -264,7 +285,7 @@ class Trainer:
 
     def run_jobs(self, jobs: list[RolloutJob]) -> list[Any]:
         """Runs jobs under the training sampling; returns their trajectories in order."""
-        return self.engine().run(jobs)[0]
+        return self.run_sharded(jobs, list(range(len(jobs))))[0]
 
     def rl_step(self, step: int) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -294,9 +315,11 @@ class Trainer:
             vf_clip=self.cfg.vf_clip, autocast_dtype=self.autocast_dtype,
             ppo_epochs=self.cfg.ppo_epochs, mini_batches=self.cfg.mini_batches,
             seed=rollout_seed(self.cfg.seed, step, 0),  # a pure function of the step: resumable
+            data_parallel=self.parallel,
         )
         self.sync_rollout_weights()
-        save_jsonl(trajectories, self.run_dir / "rollouts" / f"step-{step:06d}.jsonl")
+        if self.main:
+            save_jsonl(trajectories, self.run_dir / "rollouts" / f"step-{step:06d}.jsonl")
         return {
             "step": step,
             "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
@@ -412,7 +435,7 @@ class Trainer:
             metrics = update_step(
                 self.model, optimizer, batch, self.policy.tokenizer.pad_token_id, objective="nll",
                 max_grad_norm=cfg.max_grad_norm, micro_batch_tokens=cfg.micro_batch_tokens,
-                autocast_dtype=self.autocast_dtype, scheduler=scheduler,
+                autocast_dtype=self.autocast_dtype, scheduler=scheduler, data_parallel=self.parallel,
             )
             self.sync_rollout_weights()
             history.append(metrics["nll"])
@@ -421,7 +444,7 @@ class Trainer:
 
     def _drop_metrics_from(self, step: int) -> None:
         """Forgets metrics of steps at or after ``step`` (they are redone after a resume)."""
-        if not self.metrics_path.exists():
+        if not self.main or not self.metrics_path.exists():
             return
         kept = [
             line for line in self.metrics_path.read_text(encoding="utf-8").splitlines()
@@ -430,6 +453,8 @@ class Trainer:
         self.metrics_path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
 
     def write_metrics(self, record: dict[str, Any]) -> None:
+        if not self.main:
+            return
         with self.metrics_path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
 
@@ -438,8 +463,11 @@ class Trainer:
             self.state["rescue"] = self.rescue.state_dict()
         tokenizer = getattr(self.policy, "hf_tokenizer", None)
         extra = {"value_head": self.value_head} if self.value_head is not None else None
-        save_checkpoint(self.run_dir, step, self.model, tokenizer, self.optimizer, self.scheduler, self.state,
-                        keep=self.cfg.keep_checkpoints, extra_modules=extra)
+        if self.main:  # the weights are replicated: one full checkpoint resumes on any world size
+            save_checkpoint(self.run_dir, step, self.model, tokenizer, self.optimizer, self.scheduler, self.state,
+                            keep=self.cfg.keep_checkpoints, extra_modules=extra)
+        if self.parallel is not None:
+            self.parallel.barrier()
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -478,6 +506,8 @@ class Trainer:
             self.state.update({"final_eval": final, "final_eval_step": cfg.steps})
             self.checkpoint(cfg.steps)
         summary = self.summary()
+        if not self.main:
+            return summary
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
         (self.run_dir / "summary.md").write_text(format_summary(summary), encoding="utf-8")
         self.write_report()
@@ -551,4 +581,9 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def train(cfg: TrainConfig, resume: bool = False, log: Logger = print) -> dict[str, Any]:
     """Runs (or resumes) a training run and returns its summary."""
-    return Trainer(cfg, resume=resume, log=log).run()
+    trainer = Trainer(cfg, resume=resume, log=log)
+    try:
+        return trainer.run()
+    finally:
+        if trainer.parallel is not None:
+            trainer.parallel.close()

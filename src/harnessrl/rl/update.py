@@ -213,6 +213,7 @@ def update_step(
     ppo_epochs: int = 1,
     mini_batches: int = 1,
     seed: int = 0,
+    data_parallel: Any = None,
 ) -> dict[str, float]:
     """Runs the update of one rollout batch and returns its diagnostics: token-weighted means
     over every micro-batch of every optimizer step (``*_max`` / ``*_min``: the extremes), and
@@ -239,6 +240,10 @@ def update_step(
     ``share_prefix``: micro-batches group samples with a common untrained prefix (a GRPO
     group's prompt, a harness's system prompt) and run it once (``decoder_hidden``); the
     step's loss and gradients are unchanged.
+    ``data_parallel`` (``rl.distributed.DataParallel``; every rank holds all ``samples``): this
+    rank runs only its share of each mini-batch's micro-batches, the gradients are summed over
+    the ranks before clipping and the diagnostics are reduced over them, so every rank takes
+    the optimizer step one process would take (up to the order of the sums).
     """
     if ppo_epochs < 1 or mini_batches < 1:
         raise ValueError(f"ppo_epochs and mini_batches must be at least 1, got {ppo_epochs} and {mini_batches}")
@@ -267,7 +272,7 @@ def update_step(
         batches = micro_batches(mini_batch, micro_batch_tokens, share_prefix)
         counts["micro_batches"] += len(batches)
         step_terms: dict[str, float] = {}  # the loss terms of this optimizer step
-        for batch in batches:
+        for batch in data_parallel.local(batches) if data_parallel is not None else batches:
             data = _collate(batch, pad_id, device, share_prefix, old_of)
             counts["prefix_tokens_saved"] += int(data["prefix_len"]) * (len(batch) - 1)
             n_tokens = float(data["mask"].sum())
@@ -331,6 +336,9 @@ def update_step(
                     extremes[key] = max(extremes.get(key, value), value)
                 elif key.endswith("_min"):
                     extremes[key] = min(extremes.get(key, value), value)
+        if data_parallel is not None:
+            data_parallel.reduce_gradients(params)
+            step_terms = data_parallel.reduce_sums(step_terms)
         for key, value in step_terms.items():
             loss_terms.setdefault(key, []).append(value)
         grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))
@@ -338,6 +346,11 @@ def update_step(
         optimizer.zero_grad(set_to_none=True)
     if scheduler is not None:
         scheduler.step()
+    if data_parallel is not None:
+        sums, weights = data_parallel.reduce_sums(sums), data_parallel.reduce_sums(weights)
+        extremes = data_parallel.reduce_extremes(extremes)
+        # Every rank counts all micro-batches; each saved prefix tokens only in its own.
+        counts["prefix_tokens_saved"] = int(data_parallel.reduce_sums({"saved": counts["prefix_tokens_saved"]})["saved"])
     result = {k: sums[k] / weights[k] for k in sums}
     result.update(extremes)
     result.update({key: sum(values) / len(values) for key, values in loss_terms.items()})

@@ -44,6 +44,18 @@ def exit_process(root):
     os._exit(1)
 
 
+def exit_process_once(marker, builder, root):
+    """A setup builder whose first call (in any process) ends the process it runs in, as a lost
+    node would; later calls lay the task's workspace with ``builder``."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        if builder is not None:
+            builder(root)
+        return
+    os._exit(1)
+
+
 def make_jobs():
     """12 jobs over 3 harness codes; job 5 has a task whose setup builder fails."""
     tasks = list(load_suite("workspace").tasks("test", limit=4, seed=3))
@@ -117,12 +129,36 @@ def test_ray_backend_matches_in_process_engine_for_a_seeded_random_policy():
     assert any(len(t.turns) > 1 for t in trajectories)  # the comparison covers multi-turn episodes
 
 
+def test_episodes_of_a_worker_that_dies_mid_step_run_again_on_another():
+    jobs = make_jobs()[:6]
+    expected, _ = RolloutEngine(OraclePolicy(), max_concurrent=2).run(jobs)
+    marker = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"harnessrl-ray-death-{os.getpid()}-{id(jobs)}")
+    task = jobs[2].task
+    dies_once = dataclasses.replace(task.setup, builder=functools.partial(exit_process_once, marker, task.setup.builder))
+    jobs[2] = dataclasses.replace(jobs[2], task=dataclasses.replace(task, setup=dies_once))
+    engine = RayRolloutEngine(functools.partial(OraclePolicy), num_workers=2, max_concurrent=2, chunk_size=2)
+    try:
+        with engine:
+            trajectories, stats = engine.run(jobs)
+            survivors = len(engine._actors)
+    finally:
+        died = os.path.exists(marker)
+        if died:
+            os.remove(marker)
+    assert died  # a worker process really ended mid-chunk
+    assert [signature(t) for t in trajectories] == [signature(t) for t in expected]
+    assert all(t.passed for t in trajectories) and (stats.episodes, stats.errored) == (6, 0)
+    assert engine.rerun_jobs == 2 and survivors == 1  # jobs 2 and 3 ran again on the other worker
+
+
 def test_jobs_of_a_worker_that_dies_are_errors_and_the_others_finish():
+    """Without retries (``max_chunk_retries=0``) a dead worker's jobs are error trajectories;
+    with them, a task that kills every worker it reaches is bounded the same way."""
     jobs = make_jobs()[:6]
     crash = dataclasses.replace(jobs[2].task, setup=TaskSetup(builder=exit_process))
     jobs[2] = dataclasses.replace(jobs[2], task=crash)
     engine = RayRolloutEngine(
-        functools.partial(OraclePolicy), num_workers=2, max_concurrent=2, chunk_size=2
+        functools.partial(OraclePolicy), num_workers=2, max_concurrent=2, chunk_size=2, max_chunk_retries=0
     )
     with engine:
         trajectories, stats = engine.run(jobs)
@@ -136,6 +172,16 @@ def test_jobs_of_a_worker_that_dies_are_errors_and_the_others_finish():
     )
     assert [t.passed for t in trajectories] == [True, True, False, False, True, False]
     assert survivors == 1 and (stats.episodes, stats.errored) == (6, 3)
+
+    retried = RayRolloutEngine(functools.partial(OraclePolicy), num_workers=2, max_concurrent=2, chunk_size=2,
+                               max_chunk_retries=1)
+    with retried:
+        trajectories, stats = retried.run(jobs)
+    assert [t.status == "error" for t in trajectories][2:4] == [True, True]
+    assert "ray worker failed" in trajectories[2].error and retried.rerun_jobs == 2
+    # The crash reached both workers: none is left, and the jobs no one ran are errors too.
+    assert retried._actors == [] and trajectories[0].passed and trajectories[1].passed
+    assert stats.errored == sum(t.status == "error" for t in trajectories) >= 2
 
 
 def test_unpicklable_job_is_a_clear_error_before_any_episode_runs():

@@ -116,6 +116,11 @@ class RayRolloutEngine:
     otherwise the engine joins the running instance or the cluster at ``ray_address``.
     Actors are created on the first ``run`` and reused by later runs until ``close``.
     ``on_trajectory(index, trajectory)`` is called in the driver as each chunk comes back.
+    ``max_chunk_retries``: a chunk whose worker died (its process or node lost: a
+    ``RayActorError``) runs again on a surviving worker, up to this many times, before its
+    episodes become error trajectories; ``rerun_jobs`` counts the jobs re-run so. A chunk that
+    kills every worker it reaches (a crashing task) is bounded by the same limit. An error
+    inside an episode is not retried: the episode already records it.
     """
 
     def __init__(
@@ -129,6 +134,7 @@ class RayRolloutEngine:
         ray_address: str | None = None,
         num_cpus: int | None = None,
         actor_options: Mapping[str, Any] | None = None,
+        max_chunk_retries: int = 2,
         **engine_options: Any,
     ) -> None:
         try:
@@ -138,6 +144,8 @@ class RayRolloutEngine:
             raise TypeError(f"RayRolloutEngine: unknown options {sorted(engine_options)}; the engine's are {known}") from None
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        if max_chunk_retries < 0:
+            raise ValueError(f"max_chunk_retries must be >= 0, got {max_chunk_retries}")
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1 or None, got {chunk_size}")
         if not callable(policy_factory):
@@ -155,6 +163,8 @@ class RayRolloutEngine:
         self.ray_address = ray_address
         self.num_cpus = num_cpus
         self.actor_options = dict(actor_options) if actor_options is not None else {"num_cpus": 1}
+        self.max_chunk_retries = max_chunk_retries
+        self.rerun_jobs = 0
         self._actors: list[Any] = []
         self._started_ray = False
 
@@ -230,15 +240,17 @@ class RayRolloutEngine:
         results: list[Trajectory | None] = [None] * len(jobs)
         parts: list[RolloutStats] = []
         bar = _progress_bar(len(jobs)) if self.progress else None
-        in_flight: dict[Any, tuple[Any, int, int]] = {}  # ref -> (actor, first index, chunk length)
+        # ref -> (actor, first index, chunk length, the chunk in the object store)
+        in_flight: dict[Any, tuple[Any, int, int, Any]] = {}
         idle = list(reversed(self._actors))
+        attempts = dict.fromkeys(range(0, len(jobs), size), 0)
 
         def dispatch() -> None:
             while idle and queue:
                 actor = idle.pop()
                 first, chunk_ref = queue.pop()
                 length = min(size, len(jobs) - first)
-                in_flight[actor.run.remote(first, chunk_ref)] = (actor, first, length)
+                in_flight[actor.run.remote(first, chunk_ref)] = (actor, first, length, chunk_ref)
 
         def record(first: int, trajectories: list[Trajectory], stats: RolloutStats) -> None:
             parts.append(stats)
@@ -256,15 +268,21 @@ class RayRolloutEngine:
         dispatch()
         while in_flight:
             done, _ = ray.wait(list(in_flight), num_returns=1)
-            actor, first, length = in_flight.pop(done[0])
+            actor, first, length, chunk_ref = in_flight.pop(done[0])
             try:
                 _, trajectories, stats = ray.get(done[0])
-            except Exception as exc:  # the actor died or the chunk could not run: record, go on
-                record_failed(first, length, exc)
-                if isinstance(exc, ray.exceptions.RayActorError):
+            except Exception as exc:  # the actor died or the chunk could not run
+                died = isinstance(exc, ray.exceptions.RayActorError)
+                if died:
                     self._actors.remove(actor)  # a later run starts fresh actors if none are left
                 else:
                     idle.append(actor)
+                if died and self._actors and attempts[first] < self.max_chunk_retries:
+                    attempts[first] += 1  # its episodes run again, next, on a surviving worker
+                    self.rerun_jobs += length
+                    queue.append((first, chunk_ref))
+                else:
+                    record_failed(first, length, exc)
                 while queue and not self._actors:  # nobody left to run the rest
                     rest, _ = queue.pop()
                     record_failed(rest, min(size, len(jobs) - rest), exc)

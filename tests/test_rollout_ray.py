@@ -147,7 +147,8 @@ def test_episodes_of_a_worker_that_dies_mid_step_run_again_on_another():
             os.remove(marker)
     assert died  # a worker process really ended mid-chunk
     assert [signature(t) for t in trajectories] == [signature(t) for t in expected]
-    assert all(t.passed for t in trajectories) and (stats.episodes, stats.errored) == (6, 0)
+    # Job 5's task is broken (an error inside its episode, as in process); the others pass.
+    assert [t.passed for t in trajectories] == [True] * 5 + [False] and (stats.episodes, stats.errored) == (6, 1)
     assert engine.rerun_jobs == 2 and survivors == 1  # jobs 2 and 3 ran again on the other worker
 
 

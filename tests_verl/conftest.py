@@ -9,7 +9,11 @@ import hydra.utils
 import pytest
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
-from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
+from verl.experimental.agent_loop.agent_loop import (
+    DictConfigWrap,
+    ToolListWrap,
+    _agent_loop_registry,
+)
 from verl.workers.rollout.replica import TokenOutput
 
 from harnessrl.integrations.verl import AGENT_NAME

@@ -21,12 +21,21 @@ import uuid
 import weakref
 from typing import Any
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopBase,
+    AgentLoopMetrics,
+    AgentLoopOutput,
+    register,
+)
 
 from harnessrl.harness.chat import HFChatTokenizer
 from harnessrl.harness.harness import Harness, HarnessLimits
 from harnessrl.integrations.verl import AGENT_NAME
-from harnessrl.integrations.verl.sequence import EpisodeSequence, episode_sequence, require_append_only
+from harnessrl.integrations.verl.sequence import (
+    EpisodeSequence,
+    episode_sequence,
+    require_append_only,
+)
 from harnessrl.policy.base import Generation, SamplingParams
 from harnessrl.rollout.episode import Episode
 from harnessrl.sandbox import SandboxLimits, open_sandbox

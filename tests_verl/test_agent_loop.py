@@ -122,3 +122,18 @@ def test_rows_without_the_harness_columns_and_too_long_openings_are_refused(hf_t
     assert short.limits == HarnessLimits(
         max_turns=HarnessLimits.max_turns, max_new_tokens=HarnessLimits.max_new_tokens, context_tokens=64 + 2048
     )
+
+
+def test_the_embedded_model_generates_through_the_server_with_its_log_probs_kept():
+    from harnessrl.policy.hf import HFPolicy
+
+    policy = HFPolicy("embedded", device="cpu", max_batch_size=1)
+    server = PolicyServer(policy, tuple(policy.tokenizer.stop_token_ids))
+    loop = make_agent_loop(server, policy.hf_tokenizer, trainer_config(2048, 256), max_turns=2, max_new_tokens=32)
+    out = run(loop, rows(1)[0])
+    assert 1 <= len(server.calls) <= 2
+    assert out.reward_score in (0.0, 1.0) and out.reward_score == float(out.extra_fields["passed"])
+    sampled = [lp for lp, m in zip(out.response_logprobs, out.response_mask, strict=True) if m]
+    assert sampled and all(lp <= 0.0 for lp in sampled) and any(lp < 0.0 for lp in sampled)
+    assert all(lp == 0.0 for lp, m in zip(out.response_logprobs, out.response_mask, strict=True) if not m)
+    assert len(out.response_ids) <= 256

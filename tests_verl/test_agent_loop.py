@@ -6,9 +6,16 @@ from __future__ import annotations
 
 import asyncio
 
+import hydra.utils
 import pytest
 import torch
-from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, _agent_loop_registry
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopOutput,
+    DictConfigWrap,
+    ToolListWrap,
+    _agent_loop_registry,
+)
+from verl.workers.rollout.replica import TokenOutput
 
 from conftest import PolicyServer, make_agent_loop, trainer_config
 from harnessrl.harness.chat import HFChatTokenizer
@@ -18,7 +25,8 @@ from harnessrl.integrations.verl.agent_loop import HarnessAgentLoop, PromptTooLo
 from harnessrl.integrations.verl.dataset import build_dataset
 from harnessrl.integrations.verl.sequence import NotAppendOnly
 from harnessrl.policy.scripted import OraclePolicy, RandomPolicy
-from harnessrl.rollout.episode import run_episode
+from harnessrl.rollout.episode import Episode, run_episode
+from harnessrl.sandbox import open_sandbox
 from harnessrl.tasks.suite import load_suite
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
@@ -137,3 +145,57 @@ def test_the_embedded_model_generates_through_the_server_with_its_log_probs_kept
     assert sampled and all(lp <= 0.0 for lp in sampled) and any(lp < 0.0 for lp in sampled)
     assert all(lp == 0.0 for lp, m in zip(out.response_logprobs, out.response_mask, strict=True) if not m)
     assert len(out.response_ids) <= 256
+
+
+class ReplayServer:
+    """Answers every request with the same sampled ids and log-probabilities."""
+
+    def __init__(self, token_ids: list[int], log_probs: list[float]) -> None:
+        self.token_ids, self.log_probs = token_ids, log_probs
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs) -> TokenOutput:
+        return TokenOutput(token_ids=self.token_ids, log_probs=self.log_probs, stop_reason="completed")
+
+
+def test_a_one_turn_episode_has_the_layout_of_verls_own_tool_agent_loop(hf_tokenizer):
+    """verl's ToolAgentLoop and ours, on the same opening messages and the same sampled reply
+    (no tool call, so both stop after it): the same prompt tokens, response, mask and
+    log-probs."""
+    import verl.experimental.agent_loop.tool_agent_loop  # noqa: F401  (registers "tool_agent")
+
+    chat = HFChatTokenizer(hf_tokenizer)
+    reply = chat.completion_ids("I have nothing to run.")
+    log_probs = [-0.25] * len(reply)
+    config = trainer_config(2048, 512)
+    config.actor_rollout_ref.rollout.full_determinism = False
+    config.actor_rollout_ref.rollout.multi_turn = {
+        "max_user_turns": 1, "max_assistant_turns": 1, "max_parallel_calls": 1,
+        "max_tool_response_length": 256, "tool_response_truncate_side": "middle", "format": "hermes",
+    }
+    ours = make_agent_loop(ReplayServer(reply, log_probs), hf_tokenizer, config, max_turns=1)
+    row = rows(1)[0]
+    mine = run(ours, row)
+    harness = ours.harness_of(row["harness"])
+    sandbox = open_sandbox()
+    try:  # the messages our episode opens with, given to verl's loop as its dataset prompt
+        episode = Episode(harness, load_suite("workspace").get(row["task_id"]), sandbox, chat)
+        episode.start()
+        messages = [{"role": m.role, "content": m.content} for m in episode.history]
+    finally:
+        sandbox.close()
+    theirs_loop = hydra.utils.instantiate(
+        config=_agent_loop_registry["tool_agent"], trainer_config=DictConfigWrap(config=config),
+        server_manager=ReplayServer(reply, log_probs), tokenizer=hf_tokenizer, processor=None,
+        hf_model_type=None, dataset_cls=None, data_config=DictConfigWrap(config.data), tools=ToolListWrap([]),
+    )
+    theirs = theirs_loop.loop.run_until_complete(theirs_loop.run(dict(SAMPLING), raw_prompt=messages))
+    assert mine.response_ids == theirs.response_ids == reply
+    assert mine.response_mask == theirs.response_mask == [1] * len(reply)
+    assert mine.response_logprobs == theirs.response_logprobs == log_probs
+    header = chat.header("assistant")
+    assert mine.prompt_ids[-len(header):] == theirs.prompt_ids[-len(header):] == header
+    assert mine.prompt_ids == theirs.prompt_ids  # our renderer and verl's chat template agree
+    assert set(theirs.extra_fields) <= set(mine.extra_fields)
+    core = {"prompts", "responses", "response_mask", "rollout_log_probs"}
+    assert core <= set(mine.as_dict()) and core <= set(theirs.as_dict())
+

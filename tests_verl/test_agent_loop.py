@@ -24,7 +24,7 @@ from harnessrl.integrations.verl import AGENT_NAME
 from harnessrl.integrations.verl.agent_loop import HarnessAgentLoop, PromptTooLong
 from harnessrl.integrations.verl.dataset import build_dataset
 from harnessrl.integrations.verl.sequence import NotAppendOnly
-from harnessrl.policy.scripted import OraclePolicy, RandomPolicy
+from harnessrl.policy.scripted import CallbackPolicy, OraclePolicy
 from harnessrl.rollout.episode import Episode, run_episode
 from harnessrl.sandbox import open_sandbox
 from harnessrl.tasks.suite import load_suite
@@ -57,9 +57,11 @@ def test_oracle_episodes_earn_the_verifiers_reward_with_policy_tokens_masked_in(
         task = load_suite("workspace").get(row["task_id"])
         reference = run_episode(Harness.named(row["harness"], loop.limits), task, OraclePolicy(tokenizer=chat))
         assert out.reward_score == reference.reward == 1.0
-        assert out.extra_fields["passed"] and out.extra_fields["status"] == "submitted"
-        assert out.extra_fields["harness"] == row["harness"]
-        assert out.extra_fields["episode_metrics"]["turns"] == len(reference.turns)
+        ours = out.extra_fields[AGENT_NAME]
+        assert ours["passed"] and ours["status"] == "submitted" and ours["harness"] == row["harness"]
+        assert ours["episode_metrics"]["turns"] == len(reference.turns)
+        assert out.extra_fields["reward_extra_info"]["passed"] == 1.0
+        assert out.extra_fields["reward_extra_info"]["turns"] == len(reference.turns)
         assert len(out.response_ids) == len(out.response_mask) == len(out.response_logprobs)
         masked_in = [t for t, m in zip(out.response_ids, out.response_mask, strict=True) if m]
         assert masked_in == [t for turn in reference.turns for t in turn.completion_ids]
@@ -84,14 +86,17 @@ def test_outputs_convert_to_the_tensors_verls_trainer_reads(hf_tokenizer):
     assert len(out.prompt_ids) <= loop.prompt_length and n <= loop.response_length
 
 
-def test_a_failing_policy_gets_the_verifiers_zero_and_its_format_errors_counted(hf_tokenizer):
+def test_a_policy_that_never_acts_gets_the_verifiers_zero_and_its_format_errors_counted(hf_tokenizer):
     chat = HFChatTokenizer(hf_tokenizer)
-    loop = make_agent_loop(PolicyServer(RandomPolicy(seed=3, tokenizer=chat), tuple(chat.stop_token_ids)),
-                           hf_tokenizer, max_turns=3, max_new_tokens=24)
+    talker = CallbackPolicy(lambda episode: "I will look around the workspace first.", tokenizer=chat)
+    loop = make_agent_loop(PolicyServer(talker, tuple(chat.stop_token_ids)), hf_tokenizer, max_turns=5)
     out = run(loop, rows(1)[0])
-    assert out.reward_score == 0.0 and not out.extra_fields["passed"]
-    assert out.extra_fields["episode_metrics"]["turns"] >= 1
-    assert out.response_mask.count(1) == sum(1 for m in out.response_mask if m)  # mask is 0/1
+    assert out.reward_score == 0.0 and not out.extra_fields[AGENT_NAME]["passed"]
+    assert out.extra_fields["reward_extra_info"]["passed"] == 0.0
+    assert out.extra_fields[AGENT_NAME]["episode_metrics"]["turns"] >= 1
+    assert out.extra_fields[AGENT_NAME]["status"] == "format_errors"
+    assert out.extra_fields["reward_extra_info"]["format_errors"] == 3  # HarnessLimits' limit in a row
+    assert set(out.response_mask) == {0, 1}  # the error observations between the replies are masked out
 
 
 def test_the_response_budget_ends_the_episode_before_verls_response_length(hf_tokenizer):
@@ -101,7 +106,7 @@ def test_the_response_budget_ends_the_episode_before_verls_response_length(hf_to
     out = run(loop, rows(1)[0])
     assert len(out.response_ids) <= 120
     # the oracle's gold actions do not fit in 120 tokens: cut to the room left, then stopped
-    assert out.extra_fields["status"] == "response_length", out.extra_fields
+    assert out.extra_fields[AGENT_NAME]["status"] == "response_length", out.extra_fields
     assert out.reward_score == 0.0 and all(c["sampling_params"]["max_tokens"] <= 120 for c in server.calls)
 
 
@@ -140,7 +145,7 @@ def test_the_embedded_model_generates_through_the_server_with_its_log_probs_kept
     loop = make_agent_loop(server, policy.hf_tokenizer, trainer_config(2048, 256), max_turns=2, max_new_tokens=32)
     out = run(loop, rows(1)[0])
     assert 1 <= len(server.calls) <= 2
-    assert out.reward_score in (0.0, 1.0) and out.reward_score == float(out.extra_fields["passed"])
+    assert out.reward_score in (0.0, 1.0) and out.reward_score == float(out.extra_fields[AGENT_NAME]["passed"])
     sampled = [lp for lp, m in zip(out.response_logprobs, out.response_mask, strict=True) if m]
     assert sampled and all(lp <= 0.0 for lp in sampled) and any(lp < 0.0 for lp in sampled)
     assert all(lp == 0.0 for lp, m in zip(out.response_logprobs, out.response_mask, strict=True) if not m)
@@ -199,3 +204,27 @@ def test_a_one_turn_episode_has_the_layout_of_verls_own_tool_agent_loop(hf_token
     core = {"prompts", "responses", "response_mask", "rollout_log_probs"}
     assert core <= set(mine.as_dict()) and core <= set(theirs.as_dict())
 
+
+
+class FailingServer:
+    """A server that answers the first request and then fails (a lost replica)."""
+
+    def __init__(self, reply: list[int]) -> None:
+        self.reply, self.calls = reply, 0
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs) -> TokenOutput:
+        self.calls += 1
+        if self.calls > 1:
+            raise ConnectionError("replica 3 is gone")
+        return TokenOutput(token_ids=self.reply, log_probs=[-1.0] * len(self.reply), stop_reason="completed")
+
+
+def test_a_failing_server_ends_the_episode_as_an_error_and_keeps_what_was_sampled(hf_tokenizer):
+    chat = HFChatTokenizer(hf_tokenizer)
+    reply = chat.completion_ids("Let me think about it first.")
+    loop = make_agent_loop(FailingServer(reply), hf_tokenizer)
+    out = run(loop, rows(1)[0])
+    ours = out.extra_fields[AGENT_NAME]
+    assert ours["status"] == "error" and "replica 3 is gone" in ours["error"]
+    assert out.reward_score == 0.0
+    assert [t for t, m in zip(out.response_ids, out.response_mask, strict=True) if m] == reply

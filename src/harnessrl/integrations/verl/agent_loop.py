@@ -46,6 +46,9 @@ RUNNING_EPISODES: weakref.WeakValueDictionary[str, Episode] = weakref.WeakValueD
 """The episodes in progress by request id, for in-process servers whose policy reads the
 episode (a scripted policy such as the oracle); verl's own servers never look here."""
 
+REWARD_EXTRA_METRICS: tuple[str, ...] = ("turns", "policy_tokens", "format_errors", "tool_errors", "blocked_calls")
+"""Episode metrics reported to verl as ``reward_extra_info`` (besides ``passed``)."""
+
 _TASKS: dict[tuple[str, str], Task] = {}  # (suite, task id) -> task, loaded once per worker
 
 
@@ -175,9 +178,17 @@ class HarnessAgentLoop(AgentLoopBase):
             num_turns=1 + 2 * len(trajectory.turns),
             metrics=AgentLoopMetrics(generate_sequences=generate_s, tool_calls=tool_s),
             extra_fields={
-                "harness": harness.code, "task_id": task.id, "status": trajectory.status,
-                "passed": bool(trajectory.passed), "error": trajectory.error or "",
-                "episode_metrics": dict(trajectory.metrics),
+                # one key, so that no dataset column of the same name is overwritten in verl's batch
+                AGENT_NAME: {
+                    "harness": harness.code, "task_id": task.id, "status": trajectory.status,
+                    "passed": bool(trajectory.passed), "error": trajectory.error or "",
+                    "episode_metrics": dict(trajectory.metrics),
+                },
+                # scalars verl logs per step, and that algorithm.filter_groups.metric may name
+                "reward_extra_info": {
+                    "passed": float(trajectory.passed),
+                    **{name: float(trajectory.metrics[name]) for name in REWARD_EXTRA_METRICS},
+                },
                 # the keys verl's own agent loops always set, so batches of mixed loops stack
                 "turn_scores": [], "tool_rewards": [],
             },

@@ -228,3 +228,47 @@ def test_a_failing_server_ends_the_episode_as_an_error_and_keeps_what_was_sample
     assert ours["status"] == "error" and "replica 3 is gone" in ours["error"]
     assert out.reward_score == 0.0
     assert [t for t, m in zip(out.response_ids, out.response_mask, strict=True) if m] == reply
+
+
+def test_a_batch_of_episodes_pads_and_stacks_through_verls_own_worker_code(hf_tokenizer):
+    """Our outputs through verl's AgentLoopWorker post-processing (padding, masks, position ids,
+    rm_scores, the batch): the tensors its trainer reads. The worker is verl's class with only the
+    attributes those two methods read (no Ray, no servers)."""
+    import numpy as np
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    chat = HFChatTokenizer(hf_tokenizer)
+    config = trainer_config(2048, 6144)
+    loop = make_agent_loop(PolicyServer(OraclePolicy(tokenizer=chat), tuple(chat.stop_token_ids)), hf_tokenizer, config)
+    worker = object.__new__(AgentLoopWorker)
+    worker.rollout_config, worker.tokenizer, worker.processor = config.actor_rollout_ref.rollout, hf_tokenizer, None
+    worker.reward_loop_worker_handles, worker.distillation_enabled, worker.mm_processor_kwargs = None, False, {}
+    batch_rows = rows(2)[:2]
+
+    async def rollout():
+        padded, raw = [], []
+        for index, row in enumerate(batch_rows):
+            kwargs = {**row, "index": index, "raw_prompt": row["prompt"]}
+            output = await loop.run(dict(SAMPLING), **kwargs)
+            raw.append(output)
+            padded.append(await worker._agent_loop_postprocess(output, False, **kwargs))
+        columns = {key: np.array([r[key] for r in batch_rows], dtype=object) for key in batch_rows[0]}
+        return raw, worker._postprocess(padded, input_non_tensor_batch=columns, validate=False)
+
+    raw, batch = asyncio.run(rollout())
+    tensors = batch.batch
+    assert tuple(tensors["prompts"].shape) == (2, 2048) and tuple(tensors["responses"].shape) == (2, 6144)
+    assert tuple(tensors["input_ids"].shape) == tuple(tensors["attention_mask"].shape) == (2, 8192)
+    for i, output in enumerate(raw):
+        n_prompt, n_response = len(output.prompt_ids), len(output.response_ids)
+        assert tensors["prompts"][i, -n_prompt:].tolist() == output.prompt_ids  # left-padded
+        assert tensors["responses"][i, :n_response].tolist() == output.response_ids  # right-padded
+        assert tensors["response_mask"][i].sum().item() == sum(output.response_mask)
+        assert tensors["response_mask"][i, n_response:].sum().item() == 0
+        assert tensors["attention_mask"][i].sum().item() == n_prompt + n_response
+        assert tensors["rm_scores"][i].sum().item() == output.reward_score == 1.0
+        assert tensors["rollout_log_probs"][i, :n_response].tolist() == output.response_logprobs
+    # the dataset's columns survive next to ours; verl's metrics and group filter see ours
+    assert batch.non_tensor_batch["harness"].tolist() == [r["harness"] for r in batch_rows]
+    assert batch.non_tensor_batch["passed"].tolist() == [1.0, 1.0]
+    assert "passed" in batch.meta_info["reward_extra_keys"]

@@ -15,6 +15,7 @@ from harnessrl.harness.harness import HarnessLimits
 from harnessrl.harness.registry import default_space
 from harnessrl.policy import POLICY_SPECS, make_policy
 from harnessrl.policy.scripted import SCRIPTED_POLICIES
+from harnessrl.rollout.episode import SCRIPTED_LIMITS
 from harnessrl.tasks.suite import parse_limit, parse_task_ids
 
 
@@ -92,9 +93,9 @@ def run_limits(args: argparse.Namespace, run_config: dict[str, Any], scripted: b
     return HarnessLimits(
         max_turns=args.max_turns or run_config.get("max_turns") or HarnessLimits.max_turns,
         max_new_tokens=args.max_new_tokens or run_config.get("max_new_tokens")
-        or (16_384 if scripted else HarnessLimits.max_new_tokens),
+        or (SCRIPTED_LIMITS if scripted else HarnessLimits).max_new_tokens,
         context_tokens=args.context_tokens or run_config.get("context_tokens")
-        or (262_144 if scripted else HarnessLimits.context_tokens),
+        or (SCRIPTED_LIMITS if scripted else HarnessLimits).context_tokens,
     )
 
 

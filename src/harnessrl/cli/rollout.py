@@ -14,6 +14,7 @@ from harnessrl.harness.harness import Harness, HarnessLimits
 from harnessrl.policy import POLICY_SPECS, SamplingParams, make_policy
 from harnessrl.policy.scripted import SCRIPTED_POLICIES
 from harnessrl.rollout.engine import RolloutEngine, RolloutJob
+from harnessrl.rollout.episode import SCRIPTED_LIMITS
 from harnessrl.tasks.suite import load_suite, parse_limit, parse_task_ids, split_size, tasks_by_id
 from harnessrl.trajectory import Trajectory, save_jsonl
 
@@ -111,8 +112,8 @@ def run_rollout(args: argparse.Namespace) -> int:
     scripted = args.policy in SCRIPTED_POLICIES
     limits = HarnessLimits(
         max_turns=args.max_turns,
-        max_new_tokens=args.max_new_tokens or (16_384 if scripted else HarnessLimits.max_new_tokens),
-        context_tokens=args.context_tokens or (262_144 if scripted else HarnessLimits.context_tokens),
+        max_new_tokens=args.max_new_tokens or (SCRIPTED_LIMITS if scripted else HarnessLimits).max_new_tokens,
+        context_tokens=args.context_tokens or (SCRIPTED_LIMITS if scripted else HarnessLimits).context_tokens,
     )
     harnesses = [Harness.named(name, limits) for name in resolve_harness_set(args.configs, args.seed)]
     suite = load_suite(args.suite)

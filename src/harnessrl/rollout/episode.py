@@ -18,6 +18,7 @@ style and is counted; too many in a row end the episode with status ``format_err
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from harnessrl.harness.base import (
@@ -32,12 +33,13 @@ from harnessrl.harness.base import (
     ToolOutput,
     describe_call,
 )
+from harnessrl.harness.chat import ByteTokenizer, ChatTokenizer
+from harnessrl.harness.harness import HarnessLimits
 from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
 from harnessrl.tasks.model import prepare_workspace, verify_task
 from harnessrl.trajectory import Trajectory, Turn, run_length
 
 if TYPE_CHECKING:
-    from harnessrl.harness.chat import ChatTokenizer
     from harnessrl.harness.harness import Harness
     from harnessrl.sandbox import Sandbox
     from harnessrl.tasks.model import Task
@@ -47,6 +49,28 @@ PLAN_WITH_ACTION = (
     "Plan noted. Actions in the planning response are not executed; carry out the plan now, "
     "one action per response."
 )
+
+
+# Scripted policies (oracle, replay, gold replay, ...) write their text byte by byte: a byte
+# tokenizer counts 3-4x the tokens of a model's for the same text, and long gold commands need
+# more room than the model-sized defaults give. ``episode_limits`` applies these in their place.
+SCRIPTED_LIMITS = HarnessLimits(max_new_tokens=16_384, context_tokens=262_144)
+
+
+def episode_limits(limits: HarnessLimits, tokenizer: ChatTokenizer) -> HarnessLimits:
+    """Returns the limits an episode runs under: ``limits``, except that for a policy that
+    tokenizes bytewise (a scripted one) a per-turn or context limit left at its model-sized
+    default becomes ``SCRIPTED_LIMITS``'s. A limit anyone set explicitly is kept."""
+    if not isinstance(tokenizer, ByteTokenizer):
+        return limits
+    default = HarnessLimits()
+    return replace(
+        limits,
+        max_new_tokens=SCRIPTED_LIMITS.max_new_tokens
+        if limits.max_new_tokens == default.max_new_tokens else limits.max_new_tokens,
+        context_tokens=SCRIPTED_LIMITS.context_tokens
+        if limits.context_tokens == default.context_tokens else limits.context_tokens,
+    )
 
 
 class Episode:
@@ -63,7 +87,7 @@ class Episode:
         seed: int = 0,
     ) -> None:
         self.harness, self.task, self.sandbox, self.tokenizer = harness, task, sandbox, tokenizer
-        self.limits = harness.limits
+        self.limits = episode_limits(harness.limits, tokenizer)
         # The harness's per-turn limit caps whatever the caller asks for.
         base = sampling or SamplingParams(max_new_tokens=self.limits.max_new_tokens)
         self.sampling = SamplingParams(

@@ -131,7 +131,7 @@ def run_eval(args: argparse.Namespace) -> int:
     results["meta"] = {
         "policy": policy.name, "source": spec, "configs": args.configs, "design": design.kind,
         "suite": suite, "split": args.split, "tasks": len(tasks), "k": args.k, "temperature": temperature,
-        "seed": args.seed, "model": run_config.get("model"), "targets": [t.name for t in targets],
+        "seed": args.seed, "model": run_config.get("model") or policy.name, "targets": [t.name for t in targets],
     }
     (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     save_jsonl(result.trajectories, out / "trajectories.jsonl")

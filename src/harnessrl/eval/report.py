@@ -215,13 +215,20 @@ def plot_per_config(per_config: dict[str, dict[str, Any]], baseline: dict[str, d
     xs = list(range(len(codes)))
     width = 0.4 if baseline else 0.7
     values = [100 * per_config[c]["pass_at_1"] for c in codes]
+    bars = [(xs, values, "#1e88e5", None)]
     if baseline:
         base = [100 * baseline.get(c, {}).get("pass_at_1", 0.0) for c in codes]
-        ax.bar([x - width / 2 for x in xs], base, width, label="before", color="#9e9e9e")
-        ax.bar([x + width / 2 for x in xs], values, width, label="after", color="#1e88e5")
+        bars = [([x - width / 2 for x in xs], base, "#9e9e9e", "before"),
+                ([x + width / 2 for x in xs], values, "#1e88e5", "after")]
+    for positions, heights, colour, label in bars:
+        ax.bar(positions, heights, width, label=label, color=colour)
+        # A bar of height 0 draws nothing: a short mark on the axis shows it is there, at 0.
+        zeros = [x for x, h in zip(positions, heights, strict=True) if h == 0]
+        if zeros:
+            ax.scatter(zeros, [0.8] * len(zeros), marker="_", s=(72 * width) ** 2 / 4, color=colour,
+                       linewidths=3, zorder=3, clip_on=False)
+    if baseline:
         ax.legend()
-    else:
-        ax.bar(xs, values, width, color="#1e88e5")
     ax.set_xticks(xs, codes, rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("Pass@1 (%)")
     ax.set_ylim(0, 100)
@@ -266,16 +273,29 @@ def plot_distance(curves: dict[str, dict[str, dict[str, Any]]]) -> Any:
     return fig
 
 
-def plot_learning_curves(series: dict[str, list[dict[str, Any]]], keys: Sequence[str]) -> Any:
-    """Returns one panel per metric key, one line per run label, against the step."""
+# The update's diagnostics in metrics.jsonl (rl/update.py, rl/losses.py), plotted under the curves.
+UPDATE_DIAGNOSTICS = ("update/pg_loss", "update/kl_ref", "update/approx_kl", "update/entropy",
+                      "update/grad_norm", "lr", "update/clipfrac_low", "update/clipfrac_high")
+
+
+def plot_learning_curves(series: dict[str, list[dict[str, Any]]], keys: Sequence[str], per_row: int = 4) -> Any:
+    """Returns one panel per metric key (``per_row`` to a row), one line per run label,
+    against the step (integer ticks: steps are counted from 1)."""
+    from matplotlib.ticker import MaxNLocator
+
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3), squeeze=False)
-    for ax, key in zip(axes[0], keys, strict=True):
+    columns = min(per_row, len(keys))
+    rows = -(-len(keys) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3 * rows), squeeze=False)
+    for ax in axes.flat[len(keys):]:
+        ax.set_visible(False)
+    for ax, key in zip(axes.flat, keys, strict=False):
         for label, records in series.items():
             points = [(r["step"] + 1, r[key]) for r in records if r.get(key) is not None]
             if points:
                 ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(key, fontsize=9)
     if len(series) > 1:
         axes[0][0].legend(fontsize=7)
@@ -285,11 +305,19 @@ def plot_learning_curves(series: dict[str, list[dict[str, Any]]], keys: Sequence
 # --- transcripts ----------------------------------------------------------------------------------
 
 
+def is_scripted_policy(name: str) -> bool:
+    """Returns whether trajectories recorded under policy ``name`` were written by a scripted
+    policy (tokenized bytewise). One rule for all of them: a model-backed policy is named
+    ``<backend>:<model>`` (``hf:``, ``vllm:``, ``openai:``), a scripted one by a bare word
+    (``oracle``, ``random``, ``replay``, ``gold-replay``, ``callback``, ``faulty``)."""
+    return bool(name) and ":" not in name
+
+
 def make_decoder(trajectories: Sequence[Trajectory], model: str | None = None) -> Decoder | None:
     """Returns a token decoder for these trajectories (bytes for scripted policies, the model's
     tokenizer otherwise), or None when no tokenizer can be loaded (spans then show counts)."""
     names = {t.policy for t in trajectories}
-    if names and all(n in ("oracle", "random", "replay") for n in names):
+    if names and all(is_scripted_policy(n) for n in names):
         from harnessrl.harness.chat import ByteTokenizer
 
         return ByteTokenizer().decode
@@ -359,14 +387,26 @@ def sample_trajectories(trajectories: Sequence[Trajectory], n: int = 4) -> list[
 # --- sections -------------------------------------------------------------------------------------
 
 
+UNITS_NOTE = ("units: the (task, harness) pairs scored, each run k times; the 95% intervals are "
+              "percentile bootstraps that resample units.")
+
+
+def headline_headers(k: int) -> list[str]:
+    """Returns the headline table's columns: with k = 1, pass@k and Avg@k are Pass@1 again and
+    are left out (one Pass@1 column)."""
+    at_k = [f"pass@{k}", "95% CI", f"Avg@{k}", "95% CI"] if k > 1 else []
+    return ["set", "Pass@1", "95% CI", *at_k, "units", "episodes"]
+
+
 def headline_rows(results: dict[str, Any]) -> list[list[str]]:
-    """Returns table rows: overall and per group, Pass@1 / pass@k / Avg@k with 95% intervals."""
+    """Returns table rows: overall and per group, Pass@1 (and, for k > 1, pass@k and Avg@k)
+    with 95% intervals, in the columns of ``headline_headers``."""
     rows = []
     entries = [("overall", results)] + [(GROUP_LABELS.get(g, g), s) for g, s in sorted(results.get("per_group", {}).items())]
     for name, s in entries:
-        rows.append([name, pct(s.get("pass_at_1")), pct_ci(s.get("pass_at_1_ci")), pct(s.get("pass_at_k")),
-                     pct_ci(s.get("pass_at_k_ci")), pct(s.get("avg_at_k")), pct_ci(s.get("avg_at_k_ci")),
-                     s.get("tasks"), s.get("episodes")])
+        at_k = [pct(s.get("pass_at_k")), pct_ci(s.get("pass_at_k_ci")), pct(s.get("avg_at_k")),
+                pct_ci(s.get("avg_at_k_ci"))] if results.get("k", 1) > 1 else []
+        rows.append([name, pct(s.get("pass_at_1")), pct_ci(s.get("pass_at_1_ci")), *at_k, s.get("tasks"), s.get("episodes")])
     return rows
 
 
@@ -377,8 +417,8 @@ def eval_sections(doc: Doc, results: dict[str, Any], trajectories: Sequence[Traj
     heatmap, pairwise table, distance curve, behaviour metrics and sample transcripts."""
     k = results.get("k", 1)
     doc.heading("Headline numbers")
-    doc.table(["set", "Pass@1", "95% CI", f"pass@{k}", "95% CI", f"Avg@{k}", "95% CI", "units", "episodes"],
-              headline_rows(results))
+    doc.table(headline_headers(k), headline_rows(results))
+    doc.para(UNITS_NOTE)
     if baseline is not None:
         doc.para("Before → after, Pass@1 per set: " + "; ".join(
             f"{GROUP_LABELS.get(g, g)} {pct(baseline.get('per_group', {}).get(g, {}).get('pass_at_1'))} → {pct(s['pass_at_1'])}"
@@ -475,6 +515,11 @@ def write_run_report(run_dir: str | Path) -> Path:
         doc.heading("Learning curves")
         doc.figure("learning-curves", plot_learning_curves({run_dir.name: records}, ["reward_mean", "pass_rate", "no_signal_fraction"]),
                    "Training rollouts per step: mean reward, pass rate, fraction of GRPO groups without signal")
+        diagnostics = [key for key in UPDATE_DIAGNOSTICS if any(r.get(key) is not None for r in records)]
+        if diagnostics:
+            doc.figure("update-diagnostics", plot_learning_curves({run_dir.name: records}, diagnostics),
+                       "The update per step: policy loss, KL (to the reference; approximate, to the sampler), "
+                       "entropy, gradient norm, learning rate, clip fractions (docs/evaluation.md)")
         periodic = {
             name: [{"step": r["step"], "pass_at_1": r["eval"][name]["pass_at_1"]} for r in records if name in r.get("eval", {})]
             for name in ("in_space", "out_of_space")
@@ -515,7 +560,9 @@ def write_eval_report(out_dir: str | Path, results: dict[str, Any] | None = None
         trajectories = load_jsonl(path) if path.exists() else []
     doc = Doc(f"Evaluation {out_dir.name}", out_dir / "report")
     meta = results.get("meta", {})
-    if meta:
-        doc.para(", ".join(f"{k}: {v}" for k, v in meta.items() if not isinstance(v, (list, dict))))
+    # The header names what was evaluated: the run's model, else the policy (oracle, hf:<dir>, ...).
+    shown = {"model": model or meta.get("model") or meta.get("policy") or meta.get("source") or "unknown"}
+    shown.update({k: v for k, v in meta.items() if k != "model" and v is not None and not isinstance(v, (list, dict))})
+    doc.para(", ".join(f"{k}: {v}" for k, v in shown.items()))
     eval_sections(doc, results, trajectories, "eval", decode=make_decoder(trajectories, model or meta.get("model")))
     return doc.write()

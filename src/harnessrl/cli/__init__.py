@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from harnessrl import __version__
+from harnessrl.cli.common import HelpFormatter, Parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,9 +22,12 @@ def build_parser() -> argparse.ArgumentParser:
     from harnessrl.cli import tasks as tasks_cli
     from harnessrl.cli import train as train_cli
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="harnessrl",
         description="Agentic RL through many harnesses (Harness Scaling, Harness-S).",
+        formatter_class=HelpFormatter,
+        epilog="example:\n  harnessrl rollout --policy oracle --configs S1-T2-O0-C1-W2 --show\n"
+        "`harnessrl COMMAND --help` shows each command's options, defaults and an example.",
     )
     parser.add_argument("--version", action="version", version=f"harnessrl {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")

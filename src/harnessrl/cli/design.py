@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from harnessrl.cli.common import command
 from harnessrl.design import DESIGN_KINDS, Design, HeldOut, make_design
 from harnessrl.harness.registry import default_space
 from harnessrl.pairing import STRATEGIES, PairingSchedule
@@ -13,8 +14,7 @@ from harnessrl.pairing import STRATEGIES, PairingSchedule
 
 def register(subparsers: Any) -> None:
     """Adds the `design` and `pairing` sub-commands."""
-    p = subparsers.add_parser(
-        "design",
+    p = command(subparsers, "design", example="harnessrl design --kind orthogonal --json",
         help="build, verify and print a training design and its held-out set",
         description="Builds a training design over the default harness space (5 factors x 3 "
         "levels), verifies it (strength, Rao bound, balance, Hamming distances) and prints it "
@@ -28,8 +28,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_design)
 
-    q = subparsers.add_parser(
-        "pairing",
+    q = command(subparsers, "pairing", example="harnessrl pairing --tasks 4 --steps 3 --k 2 --strategy neighbour",
         help="preview a task-harness pairing schedule",
         description="Previews which (task, configuration) pairs each training step rolls out.",
     )

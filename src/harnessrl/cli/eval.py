@@ -9,11 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harnessrl.cli.common import command, harness_set, policy_from_spec, suite_named
 from harnessrl.design import DESIGN_KINDS, make_design
 from harnessrl.eval.sets import EVAL_SETS, resolve_eval_set
 from harnessrl.harness.harness import HarnessLimits
 from harnessrl.harness.registry import default_space
-from harnessrl.policy import POLICY_SPECS, make_policy
+from harnessrl.policy import POLICY_SPECS
 from harnessrl.policy.scripted import SCRIPTED_POLICIES
 from harnessrl.rollout.episode import SCRIPTED_LIMITS
 from harnessrl.tasks.suite import parse_limit, parse_task_ids
@@ -21,8 +22,7 @@ from harnessrl.tasks.suite import parse_limit, parse_task_ids
 
 def register(subparsers: Any) -> None:
     """Adds the `eval` and `report` sub-commands."""
-    p = subparsers.add_parser(
-        "eval",
+    p = command(subparsers, "eval", example="harnessrl eval --policy oracle --configs held-out,out-of-space --limit 4",
         help="evaluate a policy or a run's checkpoint: Pass@1, pass@k, Avg@k, behaviours, report",
         description="Runs every test task k times under every harness of the evaluation set and writes "
         "results.json, trajectories.jsonl and report/ (HTML + Markdown) to --out.",
@@ -65,8 +65,7 @@ def register(subparsers: Any) -> None:
                    help="paired validation tasks (train split) the validation router is anchored on")
     p.set_defaults(func=run_eval)
 
-    r = subparsers.add_parser(
-        "report",
+    r = command(subparsers, "report", example="harnessrl report runs/quick-20261130-101500",
         help="(re)build the HTML and Markdown report of a run, eval or experiment folder",
         description="Writes DIR/report/index.html and DIR/report/report.md from the files in DIR.",
     )
@@ -84,7 +83,7 @@ def load_policy(args: argparse.Namespace, default: str) -> tuple[Any, str, dict[
         return policy, args.checkpoint, run_config
     spec = args.policy or default
     local_model = spec in ("embedded", "hf") or spec.startswith("hf:")
-    return make_policy(spec, args.seed, **({"device": args.device} if local_model else {})), spec, {}
+    return policy_from_spec(spec, args.seed, **({"device": args.device} if local_model else {})), spec, {}
 
 
 def run_limits(args: argparse.Namespace, run_config: dict[str, Any], scripted: bool) -> HarnessLimits:
@@ -113,10 +112,10 @@ def run_eval(args: argparse.Namespace) -> int:
         default_space(), args.design or run_config.get("design", "orthogonal"),
         n=run_config.get("design_n"), seed=run_config.get("seed", 0), base=run_config.get("base_harness"),
     )
-    targets = resolve_eval_set(args.configs, design, held_out=args.held_out, seed=args.seed)
+    targets = harness_set(args.configs, lambda: resolve_eval_set(args.configs, design, held_out=args.held_out, seed=args.seed))
     suite = args.suite or run_config.get("suite", "workspace")
-    tasks = select_tasks(suite, args.split, args.limit, args.seed, run_config.get("tiers"), run_config.get("families"),
-                         task_ids=args.task_ids)
+    tasks = suite_named(suite, lambda: select_tasks(suite, args.split, args.limit, args.seed, run_config.get("tiers"),
+                                                    run_config.get("families"), task_ids=args.task_ids))
     temperature = args.temperature if args.temperature is not None else (0.0 if args.k == 1 else 0.7)
     result = evaluate(
         policy, targets, tasks, k=args.k, limits=limits, temperature=temperature,
@@ -168,7 +167,8 @@ def run_routed_eval(args: argparse.Namespace, policy: Any, spec: str, limits: Ha
     siblings = [c.code for c in space.neighbours(space.parse(h0), args.route_radius)]
     suite = args.suite or run_config.get("suite", "workspace")
     tiers, families = run_config.get("tiers"), run_config.get("families")
-    tasks = select_tasks(suite, args.split, args.limit, args.seed, tiers, families, task_ids=args.task_ids)
+    tasks = suite_named(suite, lambda: select_tasks(suite, args.split, args.limit, args.seed, tiers, families,
+                                                    task_ids=args.task_ids))
     temperature = args.temperature if args.temperature is not None else (0.0 if args.k == 1 else 0.7)
     settings = EngineSettings(limits, temperature, limits.max_new_tokens, args.concurrent, args.workers, args.backend)
     router: Any = RandomRouter()

@@ -8,11 +8,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harnessrl.cli.common import command
+
 
 def register(subparsers: Any) -> None:
     """Adds the `experiment` sub-command."""
-    p = subparsers.add_parser(
-        "experiment",
+    p = command(subparsers, "experiment", example="harnessrl experiment configs/cpu_ablation.yaml --dry-run",
         help="run training arms with a matched budget, evaluate each the same way, compare (table + report)",
         description="Runs every (arm, seed) of the experiment file that has not finished yet, evaluates it, and "
         "writes comparison.md, comparison.json and report/ to the output folder. Re-running skips finished arms "

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from harnessrl.cli.common import agent_named, command, policy_from_spec, suite_named
 from harnessrl.external.agents import AGENTS, get_agent
 from harnessrl.external.install import (
     AgentInstallError,
@@ -19,8 +20,7 @@ from harnessrl.external.install import (
 
 def register(subparsers: Any) -> None:
     """Adds the `external` sub-command and its actions."""
-    parser = subparsers.add_parser(
-        "external",
+    parser = command(subparsers, "external", example="harnessrl external run mini-swe-agent --limit 3",
         help="install and run external agents (mini-swe-agent, Claude Code, Codex, ...)",
         description="External agents run against `harnessrl serve` inside the sandbox and are "
         "scored by the tasks' verifiers. Agents: " + ", ".join(AGENTS) + ".",
@@ -28,22 +28,21 @@ def register(subparsers: Any) -> None:
     actions = parser.add_subparsers(dest="external_command", metavar="ACTION")
     parser.set_defaults(func=lambda args: parser.print_help() or 2)
 
-    p = actions.add_parser("list", help="list the agents and what is installed")
+    p = command(actions, "list", example="harnessrl external list --json", help="list the agents and what is installed")
     p.add_argument("--json", action="store_true", help="print a JSON list")
     p.set_defaults(func=run_list)
 
-    p = actions.add_parser("install", help="install an agent (pinned version) into the cache")
+    p = command(actions, "install", example="harnessrl external install mini-swe-agent", help="install an agent (pinned version) into the cache")
     p.add_argument("name", metavar="NAME", help=f"one of {', '.join(AGENTS)}, or 'all'")
     p.add_argument("--force", action="store_true", help="install again even when installed")
     p.set_defaults(func=run_install)
 
-    p = actions.add_parser("check", help="prove an installed agent runs inside the sandbox")
+    p = command(actions, "check", example="harnessrl external check mini-swe-agent", help="prove an installed agent runs inside the sandbox")
     p.add_argument("name", metavar="NAME", help=f"one of {', '.join(AGENTS)}")
     p.add_argument("--backend", default="auto", help="sandbox backend: auto, bwrap, unshare")
     p.set_defaults(func=run_check)
 
-    p = actions.add_parser(
-        "run", help="run an agent on tasks with a policy behind harnessrl serve",
+    p = command(actions, "run", example="harnessrl external run codex --limit 3", help="run an agent on tasks with a policy behind harnessrl serve",
         description="Runs the agent on each task in the sandbox, pointed at harnessrl serve over "
         "the policy, and scores the workspace with the task's verifier.")
     p.add_argument("name", metavar="NAME", help=f"one of {', '.join(AGENTS)}")
@@ -85,7 +84,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_install(args: argparse.Namespace) -> int:
-    names = list(AGENTS) if args.name == "all" else [get_agent(args.name).name]
+    names = list(AGENTS) if args.name == "all" else [agent_named(args.name).name]
     failed = 0
     for name in names:
         agent = get_agent(name)
@@ -103,6 +102,7 @@ def run_install(args: argparse.Namespace) -> int:
 def run_check(args: argparse.Namespace) -> int:
     from harnessrl.external.run import check_agent
 
+    agent_named(args.name)
     try:
         print(check_agent(args.name, backend=args.backend))
     except (AgentInstallError, RuntimeError) as exc:
@@ -119,18 +119,17 @@ def run_run(args: argparse.Namespace) -> int:
         evaluate_external,
         policy_for_external,
     )
-    from harnessrl.policy import make_policy
     from harnessrl.tasks.suite import load_suite
     from harnessrl.trajectory import save_jsonl
 
-    get_agent(args.name)
-    suite = load_suite(args.suite)
+    agent_named(args.name)
+    suite = suite_named(args.suite, lambda: load_suite(args.suite))
     suite.check_split(args.split)
     tasks = list(suite.tasks(args.split, limit=args.limit, seed=args.seed))
     if not tasks:
         raise ValueError(f"suite {args.suite!r} split {args.split!r} has no tasks")
     policy = (GoldReplayPolicy(tasks) if args.policy == "gold"
-              else policy_for_external(make_policy(args.policy, args.seed), tasks))
+              else policy_for_external(policy_from_spec(args.policy, args.seed), tasks))
     config = ExternalConfig(model=args.model, max_steps=args.max_steps, time_limit_s=args.time_limit,
                             backend=args.backend, log_dir=args.log_dir)
     try:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from harnessrl.cli.common import command, suite_named
 from harnessrl.design import DESIGN_KINDS
 from harnessrl.policy import POLICY_SPECS
 
@@ -37,20 +38,19 @@ def _policy_options(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers: Any) -> None:
     """Adds the `pool` sub-command and its actions."""
-    p = subparsers.add_parser(
-        "pool", help="sibling harness pools (Harness-S): from-space, evolve, show, check, analyze",
+    p = command(subparsers, "pool", example="harnessrl pool from-space --out pools/h0", help="sibling harness pools (Harness-S): from-space, evolve, show, check, analyze",
         description="Builds, shows, checks, evolves and analyzes pools of sibling harnesses of a base H0.",
     )
     actions = p.add_subparsers(dest="pool_command", metavar="ACTION")
 
-    s = actions.add_parser("from-space", help="a pool of H0's neighbours in the space (or a design's rows)")
+    s = command(actions, "from-space", example="harnessrl pool from-space --base S0-T0-O0-C0-W0 --radius 1 --out pools/h0", help="a pool of H0's neighbours in the space (or a design's rows)")
     s.add_argument("--base", default=DEFAULT_BASE, help="H0: an in-space configuration code")
     s.add_argument("--radius", type=int, default=1, help="Hamming radius (1: 10 siblings in the default space)")
     s.add_argument("--design", default=None, choices=DESIGN_KINDS, help="take the rows of this design instead")
     s.add_argument("--out", required=True, help="the new pool folder")
     s.set_defaults(func=run_from_space)
 
-    e = actions.add_parser("evolve", help="directional evolution: diagnose, edit, validate, select (Algorithm 1)")
+    e = command(actions, "evolve", example="harnessrl pool evolve --base S0-T0-O0-C0-W0 --policy oracle --out pools/evolved", help="directional evolution: diagnose, edit, validate, select (Algorithm 1)")
     e.add_argument("--base", default=DEFAULT_BASE, help="H0: a configuration code or out-of-space name")
     _policy_options(e)
     e.add_argument("--editor", default="rule", choices=("rule", "llm"), help="who writes candidate patches")
@@ -69,17 +69,17 @@ def register(subparsers: Any) -> None:
     e.add_argument("--out", required=True, help="pool folder (resumed when it holds an unfinished evolution)")
     e.set_defaults(func=run_evolve)
 
-    w = actions.add_parser("show", help="members, edits and the coverage table")
+    w = command(actions, "show", example="harnessrl pool show pools/h0", help="members, edits and the coverage table")
     w.add_argument("dir", help="pool folder")
     w.add_argument("--json", action="store_true", help="print JSON")
     w.set_defaults(func=run_show)
 
-    c = actions.add_parser("check", help="schema and oracle compliance; non-zero exit naming each offender")
+    c = command(actions, "check", example="harnessrl pool check pools/h0", help="schema and oracle compliance; non-zero exit naming each offender")
     c.add_argument("dir", help="pool folder")
     _run_options(c, limit=3)
     c.set_defaults(func=run_check)
 
-    a = actions.add_parser("analyze", help="fixes and regressions per sibling vs H0, union coverage, overlap")
+    a = command(actions, "analyze", example="harnessrl pool analyze pools/h0 --policy oracle", help="fixes and regressions per sibling vs H0, union coverage, overlap")
     a.add_argument("dir", help="pool folder")
     _policy_options(a)
     _run_options(a, limit=16, split="test")
@@ -92,7 +92,7 @@ def register(subparsers: Any) -> None:
 def _tasks(args: argparse.Namespace) -> list:
     from harnessrl.tasks.suite import load_suite
 
-    tasks = list(load_suite(args.suite).tasks(args.split, limit=args.limit, seed=args.seed))
+    tasks = list(suite_named(args.suite, lambda: load_suite(args.suite)).tasks(args.split, limit=args.limit, seed=args.seed))
     if not tasks:
         raise ValueError(f"suite {args.suite!r} split {args.split!r} has no tasks")
     return tasks

@@ -9,9 +9,10 @@ import sys
 from collections import defaultdict
 from typing import Any
 
+from harnessrl.cli.common import command, harness_set, policy_from_spec, suite_named
 from harnessrl.eval.sets import HARNESS_SETS, resolve_harness_set
 from harnessrl.harness.harness import Harness, HarnessLimits
-from harnessrl.policy import POLICY_SPECS, SamplingParams, make_policy
+from harnessrl.policy import POLICY_SPECS, SamplingParams
 from harnessrl.policy.scripted import SCRIPTED_POLICIES
 from harnessrl.rollout.engine import RolloutEngine, RolloutJob
 from harnessrl.rollout.episode import SCRIPTED_LIMITS
@@ -21,8 +22,7 @@ from harnessrl.trajectory import Trajectory, save_jsonl
 
 def register(subparsers: Any) -> None:
     """Adds the `rollout` sub-command."""
-    p = subparsers.add_parser(
-        "rollout",
+    p = command(subparsers, "rollout", example="harnessrl rollout --policy oracle --configs S1-T2-O0-C1-W2,codex-like --show",
         help="run episodes of a policy through harnesses on tasks",
         description="Runs episodes (task x harness x policy) and prints transcripts or a JSON summary.",
     )
@@ -115,8 +115,9 @@ def run_rollout(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens or (SCRIPTED_LIMITS if scripted else HarnessLimits).max_new_tokens,
         context_tokens=args.context_tokens or (SCRIPTED_LIMITS if scripted else HarnessLimits).context_tokens,
     )
-    harnesses = [Harness.named(name, limits) for name in resolve_harness_set(args.configs, args.seed)]
-    suite = load_suite(args.suite)
+    harnesses = harness_set(args.configs, lambda: [Harness.named(name, limits)
+                                                   for name in resolve_harness_set(args.configs, args.seed)])
+    suite = suite_named(args.suite, lambda: load_suite(args.suite))
     if args.task_ids:
         tasks = tasks_by_id(suite, args.task_ids)
     else:
@@ -124,7 +125,7 @@ def run_rollout(args: argparse.Namespace) -> int:
     selection = task_selection(suite, args, tasks)
     if not tasks:
         raise ValueError(f"suite {args.suite!r} split {args.split!r} has no tasks")
-    policy = make_policy(args.policy, args.seed)
+    policy = policy_from_spec(args.policy, args.seed)
     jobs = [RolloutJob(task, harness, seed=args.seed) for harness, task in itertools.product(harnesses, tasks)]
     engine = RolloutEngine(
         policy, max_concurrent=args.concurrent, env_workers=args.workers, backend=args.backend,

@@ -9,7 +9,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from harnessrl.policy import POLICY_SPECS, Policy, make_policy
+from harnessrl.cli.common import command, policy_from_spec
+from harnessrl.policy import POLICY_SPECS, Policy
 
 API_KEY_VARIABLE = "HARNESSRL_API_KEY"
 # The server's defaults (serve/app.py, serve/runner.py), repeated so that --help does not import them.
@@ -18,8 +19,7 @@ MAX_REQUEST_BYTES, BODY_TIMEOUT_S, HEADER_TIMEOUT_S = 16 << 20, 60.0, 30.0
 
 def register(subparsers: Any) -> None:
     """Adds the `serve` sub-command."""
-    p = subparsers.add_parser(
-        "serve",
+    p = command(subparsers, "serve", example="harnessrl serve --policy embedded --port 8000 --record-dir runs/served",
         help="serve a policy over OpenAI Chat Completions / Responses and Anthropic Messages",
         description=(
             "Serves a policy at /v1/chat/completions, /v1/responses and /v1/messages (also under "
@@ -82,7 +82,7 @@ def load_policy(args: argparse.Namespace) -> Policy:
             "the oracle replays gold solutions inside harnessrl episodes and cannot answer API "
             "requests; use --policy embedded, hf:<folder>, openai:<model>@<url> or random"
         )
-    return make_policy(args.policy, seed=args.seed)
+    return policy_from_spec(args.policy, seed=args.seed)
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from harnessrl.cli.common import command, suite_named
 from harnessrl.tasks.base import TaskSuite
 from harnessrl.tasks.model import Task
 from harnessrl.tasks.suite import (
@@ -26,8 +27,7 @@ DEFAULT_SPLIT = "test"
 
 def register(subparsers: Any) -> None:
     """Adds the `tasks` sub-command with its `list`, `show` and `check` actions."""
-    parser = subparsers.add_parser(
-        "tasks",
+    parser = command(subparsers, "tasks", example="harnessrl tasks check --suite workspace --split test --limit 8",
         help="list, show and check task suites",
         description="Browse task suites and prove each verifier against its gold solution.",
     )
@@ -38,7 +38,7 @@ def register(subparsers: Any) -> None:
         f"suite name ({', '.join(available_suites())}) or a path to a task file / directory "
         f"(default: {DEFAULT_SUITE})"
     )
-    p = actions.add_parser("list", help="list the tasks of a suite", description="Lists tasks: id, family, tier, split and the first line of the instruction.")
+    p = command(actions, "list", example="harnessrl tasks list --suite workspace --split test", help="list the tasks of a suite", description="Lists tasks: id, family, tier, split and the first line of the instruction.")
     p.add_argument("--suite", default=DEFAULT_SUITE, help=suite_help)
     p.add_argument("--split", default=None, help="only this split (default: every split)")
     p.add_argument("--limit", type=int, default=None, help="at most N tasks per split (a seeded sample)")
@@ -47,14 +47,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--suites", action="store_true", help="list the available suites instead")
     p.set_defaults(func=run_list)
 
-    p = actions.add_parser("show", help="show one task in full", description="Shows a task: instruction, setup files, verifier and gold solution.")
+    p = command(actions, "show", example="harnessrl tasks show ws-test-files-1-7", help="show one task in full", description="Shows a task: instruction, setup files, verifier and gold solution.")
     p.add_argument("task_id", metavar="TASK_ID", help="the task's id")
     p.add_argument("--suite", default=DEFAULT_SUITE, help=suite_help)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_show)
 
-    p = actions.add_parser(
-        "check",
+    p = command(actions, "check", example="harnessrl tasks check --suite configs/tasks/example.yaml",
         help="prove verifiers: gold passes, doing nothing fails",
         description="For every task: gold actions in a fresh sandbox must pass the verifier, and "
         "an untouched workspace must fail it. Exits 1 naming each offender.",
@@ -82,7 +81,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 def _load(name: str) -> TaskSuite:
     try:
-        return load_suite(name)
+        return suite_named(name, lambda: load_suite(name))
     except ImportError as exc:
         # An optional suite whose dependency is missing: say how to install it.
         raise ValueError(str(exc)) from None

@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harnessrl.cli.common import command
 from harnessrl.rl.config import PRESETS, load_config, parse_set_overrides
 
 
 def register(subparsers: Any) -> None:
     """Adds the `train` sub-command."""
-    p = subparsers.add_parser(
-        "train",
+    p = command(subparsers, "train", example="harnessrl train --preset quick --set learning_rate=1e-5 --print-config",
         help="train a policy through many harnesses (GRPO over the orthogonal design)",
         description="With no arguments: the `quick` preset with the embedded model on CPU; it writes "
         "metrics, checkpoints and a summary of base vs trained Pass@1 to the run directory.",

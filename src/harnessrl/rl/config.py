@@ -174,6 +174,11 @@ class TrainConfig(BaseModel):
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
     seed: int = Field(0, description="seed of every random choice")
     run_dir: str = Field("runs/latest", description="where metrics, checkpoints and the summary go")
+    report_to: list[Literal["tensorboard", "wandb"]] = Field(
+        default_factory=list,
+        description="trackers that mirror metrics.jsonl (the source of truth) per step, eval tables as text: "
+        "tensorboard (RUN_DIR/tensorboard; pip install tensorboard) and wandb (offline, RUN_DIR/wandb, when installed)",
+    )
 
     @field_validator("sandbox_backend")
     @classmethod

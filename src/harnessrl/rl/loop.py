@@ -53,6 +53,7 @@ from harnessrl.rl.schedules import (
     sft_order,
 )
 from harnessrl.rl.sft import oracle_demonstrations, sft_samples
+from harnessrl.rl.tracking import Tracker
 from harnessrl.rl.update import UpdateSample, compute_values, update_step
 from harnessrl.rollout.engine import RolloutEngine, RolloutJob
 from harnessrl.tasks.model import Task
@@ -150,6 +151,7 @@ class Trainer:
             self.state = load_training_state(checkpoint, self.optimizer, self.scheduler)
             self._drop_metrics_from(int(self.state["step"]))
             self.log(f"resumed from {checkpoint} (step {self.state['step']})")
+        self.tracker = Tracker(self.run_dir, cfg.report_to, cfg.model_dump(), self.log)
 
         space = default_space()
         self.design = make_design(space, cfg.design, n=cfg.design_n, seed=cfg.seed, base=cfg.base_harness)
@@ -240,6 +242,7 @@ class Trainer:
                 "behaviour": rates(result.behaviour["per_group"][name]),
             }
             self.log(f"eval[{label}] {name}: Pass@1 {out[name]['pass_at_1']:.3f} over {scores['episodes']} episodes")
+        self.tracker.log_eval(label, out, int(self.state.get("step", 0)))
         return out
 
     # -- one RL step --------------------------------------------------------------------------
@@ -457,6 +460,7 @@ class Trainer:
             return
         with self.metrics_path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
+        self.tracker.log_step(record)
 
     def checkpoint(self, step: int) -> None:
         if self.rescue is not None:
@@ -511,6 +515,7 @@ class Trainer:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
         (self.run_dir / "summary.md").write_text(format_summary(summary), encoding="utf-8")
         self.write_report()
+        self.tracker.close()
         return summary
 
     def write_report(self) -> None:

@@ -9,7 +9,7 @@ from harnessrl.rl.config import load_config
 from harnessrl.rl.tracking import Tracker, eval_table, scalars
 
 pytest.importorskip("tensorboard", reason="tensorboard is in the dev extra: pip install 'harnessrl[dev]'")
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 
 def events(run_dir):

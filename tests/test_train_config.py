@@ -1,17 +1,17 @@
 """`harnessrl train --set FIELD=VALUE`: any TrainConfig field from the command line."""
 
-import json
 
 import pytest
+import yaml
 
 from harnessrl.cli import main
 from harnessrl.rl.config import PRESETS, TrainConfig, load_config, parse_set_overrides
 
 
 def print_config(capsys, *argv: str) -> dict:
-    """Runs `harnessrl train ARGV --print-config` and returns the printed config."""
+    """Runs `harnessrl train ARGV --print-config` and returns the printed config (YAML)."""
     assert main(["train", *argv, "--print-config"]) == 0
-    return json.loads(capsys.readouterr().out)
+    return yaml.safe_load(capsys.readouterr().out)
 
 
 def train_error(capsys, *argv: str) -> str:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import json
+import inspect
 import os
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from harnessrl.cli.common import command
-from harnessrl.rl.config import PRESETS, load_config, parse_set_overrides
+from harnessrl.rl.config import PRESETS, TrainConfig, load_config, parse_set_overrides
 
 
 def register(subparsers: Any) -> None:
@@ -35,7 +38,11 @@ def register(subparsers: Any) -> None:
         "--set tiers=[1,2] --set families=null; applied after --preset/--config, before the "
         "flags above; --print-config lists the fields",
     )
-    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config as YAML, each field under its description, and exit "
+                   "(the output is a valid --config file)")
+    p.add_argument("--config-reference", action="store_true",
+                   help="print the Markdown reference of every config field (docs/config.md) and exit")
     p.add_argument(
         "--nproc", type=int, default=None, metavar="N",
         help="data-parallel training on N local processes: relaunches this command under torchrun "
@@ -45,6 +52,9 @@ def register(subparsers: Any) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    if args.config_reference:
+        print(config_reference(), end="")
+        return 0
     sets = getattr(args, "set", None) or []
     # --set run_dir=DIR names the run directory as --run-dir does (the flag wins over it).
     run_dir = args.run_dir or parse_set_overrides(sets).get("run_dir")
@@ -64,7 +74,7 @@ def run_train(args: argparse.Namespace) -> int:
         sets=sets,
     )
     if args.print_config:
-        print(json.dumps(cfg.model_dump(), indent=2))
+        print(describe_config(cfg), end="")
         return 0
     if args.nproc is not None and args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         from harnessrl.rl.distributed import launch
@@ -87,3 +97,55 @@ def run_train(args: argparse.Namespace) -> int:
     print(format_summary(summary))
     sys.stdout.flush()
     return 0
+
+
+def _yaml_line(name: str, value: Any) -> str:
+    return yaml.safe_dump({name: value}, default_flow_style=True, sort_keys=False, width=10**6)[1:-2] + "\n"
+
+
+def describe_config(cfg: TrainConfig) -> str:
+    """Returns ``cfg`` as YAML with each field's description as a comment above it (loadable
+    as a ``--config`` file)."""
+    lines = []
+    for name, info in TrainConfig.model_fields.items():
+        lines.append(f"# {info.description}\n" if info.description else "")
+        lines.append(_yaml_line(name, getattr(cfg, name)))
+    return "".join(lines)
+
+
+def config_sections() -> dict[str, str]:
+    """Returns each field's section: the ``# -- section --`` comment above it in ``TrainConfig``."""
+    sections, current = {}, ""
+    for line in inspect.getsource(TrainConfig).splitlines():
+        header = re.match(r"\s*# -- (.+?) -+\s*$", line)
+        field = re.match(r"\s{4}(\w+):", line)
+        if header:
+            current = header.group(1)
+        elif field and field.group(1) in TrainConfig.model_fields:
+            sections[field.group(1)] = current
+    return sections
+
+
+def config_reference() -> str:
+    """Returns docs/config.md: every ``TrainConfig`` field with its type, default and
+    description, by section, generated from the fields (``harnessrl train --config-reference``)."""
+    out = [
+        "# Training configuration reference",
+        "",
+        "Generated from the fields of `harnessrl.rl.config.TrainConfig` by "
+        "`harnessrl train --config-reference > docs/config.md` (a test checks that this page is current).",
+        "Set a field in a `--config` YAML file or with `--set FIELD=VALUE` (VALUE is YAML); "
+        f"presets: {', '.join(sorted(PRESETS))}; `--print-config` prints the merged config with these descriptions.",
+    ]
+    defaults = TrainConfig()
+    section = None
+    sections = config_sections()
+    for name, info in TrainConfig.model_fields.items():
+        if sections.get(name, "") != section:
+            section = sections.get(name, "")
+            out += ["", f"## {section or 'other'}", "", "| field | type | default | description |", "|---|---|---|---|"]
+        kind = str(info.annotation).replace("typing.", "").replace("<class '", "").replace("'>", "").replace("|", "\\|")
+        default = _yaml_line(name, getattr(defaults, name)).split(": ", 1)[1].strip()
+        description = (info.description or "").replace("|", "\\|")
+        out.append(f"| `{name}` | `{kind}` | `{default}` | {description} |")
+    return "\n".join(out) + "\n"

@@ -120,7 +120,7 @@ def run_eval(args: argparse.Namespace) -> int:
     result = evaluate(
         policy, targets, tasks, k=args.k, limits=limits, temperature=temperature,
         max_new_tokens=limits.max_new_tokens, seed=args.seed, max_concurrent=args.concurrent,
-        env_workers=args.workers, backend=args.backend, progress=not args.json and sys.stderr.isatty(),
+        env_workers=args.workers, backend=args.backend, progress=not args.json,
         design=design,
     )
     name = Path(args.checkpoint).name if args.checkpoint else spec.replace(":", "-").replace("/", "-")[:40]

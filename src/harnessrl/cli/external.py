@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 from harnessrl.cli.common import agent_named, command, policy_from_spec, suite_named
@@ -120,7 +121,7 @@ def run_run(args: argparse.Namespace) -> int:
         policy_for_external,
     )
     from harnessrl.tasks.suite import load_suite
-    from harnessrl.trajectory import save_jsonl
+    from harnessrl.trajectory import Trajectory, save_jsonl
 
     agent_named(args.name)
     suite = suite_named(args.suite, lambda: load_suite(args.suite))
@@ -132,8 +133,19 @@ def run_run(args: argparse.Namespace) -> int:
               else policy_for_external(policy_from_spec(args.policy, args.seed), tasks))
     config = ExternalConfig(model=args.model, max_steps=args.max_steps, time_limit_s=args.time_limit,
                             backend=args.backend, log_dir=args.log_dir)
+    total = len(tasks) * args.k
+    finished: list[Trajectory] = []
+
+    def report(t: Trajectory) -> None:
+        # One line per finished run as it finishes: a run can take minutes with a real model.
+        finished.append(t)
+        line = (f"{'PASS' if t.passed else 'FAIL'} {t.task_id} [{t.config}] status={t.status} requests={len(t.turns)}"
+                + (f" error={t.error}" if t.error else ""))
+        print(f"[{time.strftime('%H:%M:%S')}] {len(finished)}/{total} {line}",
+              file=sys.stderr if args.json else sys.stdout, flush=True)
+
     try:
-        trajectories = evaluate_external(args.name, policy, tasks, k=args.k, config=config)
+        trajectories = evaluate_external(args.name, policy, tasks, k=args.k, config=config, on_trajectory=report)
     except AgentInstallError as exc:
         print(f"harnessrl external run: {exc}", file=sys.stderr)
         return 1
@@ -143,9 +155,5 @@ def run_run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        for t in trajectories:
-            mark = "PASS" if t.passed else "FAIL"
-            print(f"{mark} {t.task_id} [{t.config}] status={t.status} requests={len(t.turns)}"
-                  + (f" error={t.error}" if t.error else ""))
         print(f"pass_rate: {summary['pass_rate']:.3f} over {summary['episodes']} runs")
     return 0

@@ -107,7 +107,7 @@ def _policy_and_settings(args: argparse.Namespace, default_temperature: float) -
     limits = run_limits(args, run_config, scripted=spec in SCRIPTED_POLICIES)
     temperature = default_temperature if args.temperature is None else args.temperature
     settings = RunSettings(limits=limits, temperature=temperature, seed=args.seed, backend=args.backend,
-                           max_concurrent=args.concurrent, env_workers=args.workers)
+                           max_concurrent=args.concurrent, env_workers=args.workers, progress=not getattr(args, "json", False))
     return policy, settings
 
 
@@ -134,7 +134,8 @@ def run_check(args: argparse.Namespace) -> int:
     from harnessrl.rescue.runs import RunSettings
 
     pool = Pool.load(args.dir)  # schema: every file parses and matches its hash
-    settings = RunSettings(seed=args.seed, backend=args.backend, max_concurrent=args.concurrent, env_workers=args.workers)
+    settings = RunSettings(seed=args.seed, backend=args.backend, max_concurrent=args.concurrent, env_workers=args.workers,
+                           progress=not getattr(args, "json", False))
     results = check_siblings(pool.members, _tasks(args), settings)
     offenders = [r for r in results if not r.ok]
     for r in results:

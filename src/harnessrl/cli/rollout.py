@@ -130,7 +130,7 @@ def run_rollout(args: argparse.Namespace) -> int:
     engine = RolloutEngine(
         policy, max_concurrent=args.concurrent, env_workers=args.workers, backend=args.backend,
         sampling=SamplingParams(temperature=args.temperature, max_new_tokens=limits.max_new_tokens),
-        progress=not args.json and sys.stderr.isatty(),
+        progress=not args.json,
     )
     trajectories, stats = engine.run(jobs)
     if args.out:

@@ -25,7 +25,7 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -309,12 +309,14 @@ def policy_for_external(policy: Policy, tasks: Sequence[Task]) -> Policy:
 
 def evaluate_external(name: str, policy: Policy, tasks: Sequence[Task], k: int = 1,
                       config: ExternalConfig | None = None,
-                      server: AgentServer | None = None) -> list[Trajectory]:
+                      server: AgentServer | None = None,
+                      on_trajectory: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     """Runs external agent ``name`` k times on every task with ``policy`` behind `harnessrl
     serve` and returns the trajectories (``config="ext:<name>"``), task by task.
 
     Runs go one at a time (each agent is a whole program, and the policy is shared); pass a
-    started ``server`` to reuse one across agents.
+    started ``server`` to reuse one across agents. ``on_trajectory`` is called with each run's
+    trajectory as it finishes (the command line prints its PASS/FAIL line then).
     """
     agent = get_agent(name)
     config = config or ExternalConfig()
@@ -322,7 +324,13 @@ def evaluate_external(name: str, policy: Policy, tasks: Sequence[Task], k: int =
     owned = server is None
     server = server or AgentServer(policy, model_name=config.model, max_tokens=config.max_tokens).start()
     try:
-        return [run_task(agent, task, server, config, run) for task in tasks for run in range(k)]
+        trajectories = []
+        for task in tasks:
+            for run in range(k):
+                trajectories.append(run_task(agent, task, server, config, run))
+                if on_trajectory is not None:
+                    on_trajectory(trajectories[-1])
+        return trajectories
     finally:
         if owned:
             with contextlib.suppress(Exception):

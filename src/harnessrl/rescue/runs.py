@@ -31,6 +31,7 @@ class RunSettings:
     backend: str = "auto"
     max_concurrent: int = 8
     env_workers: int = 4
+    progress: bool = False  # the episodes' progress on stderr (harnessrl.progress)
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, max_new_tokens=self.limits.max_new_tokens)
@@ -48,7 +49,7 @@ def run_grid(
     if not jobs:
         return {}
     engine = RolloutEngine(policy, max_concurrent=settings.max_concurrent, env_workers=settings.env_workers,
-                           sampling=settings.sampling(), backend=settings.backend)
+                           sampling=settings.sampling(), backend=settings.backend, progress=settings.progress)
     trajectories, _ = engine.run(jobs)
     out: dict[str, list[Trajectory]] = defaultdict(list)
     for job, trajectory in zip(jobs, trajectories, strict=True):

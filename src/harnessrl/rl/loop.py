@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +31,7 @@ from harnessrl.harness.harness import Harness, HarnessLimits, out_of_space_names
 from harnessrl.harness.registry import default_space
 from harnessrl.pairing import PairingSchedule
 from harnessrl.policy.base import SamplingParams
+from harnessrl.progress import Progress
 from harnessrl.rescue.groups import GroupInfo, signal_metrics
 from harnessrl.rescue.router import TaskInfo
 from harnessrl.rl.advantages import gae, grpo_advantages, no_signal_fraction, rloo_advantages
@@ -230,7 +230,7 @@ class Trainer:
             self.policy, targets, self.eval_tasks, k=1,
             limits=self.limits, temperature=self.cfg.eval_temperature, max_new_tokens=self.cfg.max_new_tokens,
             seed=self.cfg.seed, max_concurrent=self.cfg.max_concurrent, env_workers=self.cfg.env_workers,
-            backend=self.cfg.sandbox_backend, progress=sys.stderr.isatty(), design=self.design,
+            backend=self.cfg.sandbox_backend, progress=True, design=self.design,
         )
         save_jsonl(result.trajectories, self.run_dir / "eval" / f"{label}.jsonl")
         out: dict[str, Any] = {}
@@ -283,7 +283,7 @@ class Trainer:
             self.policy, max_concurrent=self.cfg.max_concurrent, env_workers=self.cfg.env_workers,
             sampling=SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                                     max_new_tokens=self.cfg.max_new_tokens),
-            backend=self.cfg.sandbox_backend, progress=sys.stderr.isatty(),
+            backend=self.cfg.sandbox_backend, progress=True,
         )
 
     def run_jobs(self, jobs: list[RolloutJob]) -> list[Any]:
@@ -433,7 +433,7 @@ class Trainer:
         history = []
         per_step = max(1, math.ceil(len(samples) / max(1, cfg.sft_warm_start_steps)))
         order = sft_order(samples, [s.meta["harness"] for s in samples], cfg.seed, chunk=cfg.sft_harness_run)
-        for i in range(cfg.sft_warm_start_steps):
+        for i in Progress.over(range(cfg.sft_warm_start_steps), "sft", "step"):
             batch = [order[(i * per_step + j) % len(order)] for j in range(min(per_step, len(order)))]
             metrics = update_step(
                 self.model, optimizer, batch, self.policy.tokenizer.pad_token_id, objective="nll",
@@ -483,7 +483,7 @@ class Trainer:
                 self.state["warm_start"] = self.warm_start()
             self.state["step"] = 0
             self.checkpoint(0)
-        for step in range(start, cfg.steps):
+        for step in Progress.over(range(start, cfg.steps), "train", "step"):
             record = self.rl_step(step)
             self.log(
                 f"step {step + 1}/{cfg.steps}: reward {record['reward_mean']:.3f} no-signal "

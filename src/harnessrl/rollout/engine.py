@@ -18,6 +18,7 @@ from typing import Any
 
 from harnessrl.harness.harness import Harness
 from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
+from harnessrl.progress import Progress
 from harnessrl.rollout.episode import Episode
 from harnessrl.sandbox import SandboxLimits, open_sandbox
 from harnessrl.tasks.model import Task
@@ -105,7 +106,8 @@ class EngineOptions:
 class RolloutEngine:
     """Runs rollout jobs concurrently against one policy and returns their trajectories.
 
-    The keyword arguments are the fields of ``EngineOptions``; ``progress`` shows a bar and
+    The keyword arguments are the fields of ``EngineOptions``; ``progress`` shows the episodes' progress on stderr (a bar on a terminal, timestamped
+    lines otherwise: ``harnessrl.progress``) and
     ``on_trajectory(index, trajectory)`` is called as each episode finishes.
     """
 
@@ -224,8 +226,7 @@ class RolloutEngine:
                         if self.on_trajectory is not None:
                             self.on_trajectory(slot.index, slot.trajectory)
                         if bar is not None:
-                            bar.update(1)
-                            bar.set_postfix(tok_s=f"{stats.tokens_generated / max(1e-9, time.perf_counter() - start):.1f}")
+                            bar.update(1, tok_s=f"{stats.tokens_generated / max(1e-9, time.perf_counter() - start):.1f}")
                     else:
                         waiting.append(slot)
 
@@ -283,7 +284,6 @@ class RolloutEngine:
         stats.harness_time_s += float(trajectory.metrics.get("harness_time_s", 0.0))
 
 
-def _progress_bar(total: int) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="episodes", unit="ep", dynamic_ncols=True)
+def _progress_bar(total: int) -> Progress:
+    """Returns the episodes' progress: a bar on a terminal, timestamped lines otherwise."""
+    return Progress(total, "episodes", "ep")

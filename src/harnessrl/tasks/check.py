@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
@@ -19,8 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tqdm import tqdm
-
+from harnessrl.progress import Progress
 from harnessrl.tasks.model import Task, apply_action, prepare_workspace, verify_task
 
 if TYPE_CHECKING:
@@ -192,16 +190,16 @@ def check_tasks(
 ) -> list[TaskCheck]:
     """Checks tasks in a thread pool; returns their results in input order.
 
-    ``workers`` defaults to the number of CPUs; ``progress`` (a tqdm bar on stderr) defaults
-    to whether stderr is a terminal.
+    ``workers`` defaults to the number of CPUs; ``progress`` (``harnessrl.progress``: a bar on
+    a terminal, timestamped lines otherwise, on stderr) is on unless it is False.
     """
     task_list: Sequence[Task] = list(tasks)
     factory = sandbox_factory or default_sandbox_factory()
     workers = max(1, workers or os.cpu_count() or 1)
-    show = sys.stderr.isatty() if progress is None else progress
+    show = progress is not False
     results: list[TaskCheck | None] = [None] * len(task_list)
     with (
-        tqdm(total=len(task_list), desc="check", unit="task", disable=not show, file=sys.stderr) as bar,
+        Progress(len(task_list), "check", "task", enabled=show) as bar,
         ThreadPoolExecutor(max_workers=workers) as pool,
     ):
         futures = {pool.submit(check_task, task, factory): i for i, task in enumerate(task_list)}

@@ -33,6 +33,9 @@ NOT_RUN = {
     "harnessrl report runs/": "needs a trained run folder (tests/test_experiment_report.py builds reports)",
     "harnessrl experiment": "trains every arm: tens of minutes on a CPU, a GPU job for the paper's",
 }
+# Pages whose examples their own test runs as printed (from the repository root, with the files
+# the page builds on); this test leaves them to it rather than run them twice.
+OWN_TEST = {"docs/tasks.md": "tests/test_docs_tasks.py"}
 # Python blocks that talk to `harnessrl serve` (started by the bash block before them).
 NEEDS_SERVER = ("base_url=",)
 
@@ -41,6 +44,8 @@ def code_blocks(lang: str) -> list[tuple[str, str]]:
     """Returns (where, code) for every fenced block of ``lang`` in the docs."""
     blocks = []
     for doc in DOCS:
+        if str(doc.relative_to(ROOT)) in OWN_TEST:
+            continue
         text = doc.read_text()
         for match in FENCE.finditer(text):
             if match.group(1) == lang:
@@ -68,6 +73,11 @@ def cli_env() -> dict[str, str]:
 
 def test_the_docs_have_examples_of_every_kind():
     assert code_blocks("python") and commands() and code_blocks("yaml")
+
+
+def test_pages_left_to_their_own_test_have_one():
+    for page, test in OWN_TEST.items():
+        assert (ROOT / page).exists() and page in (ROOT / test).read_text()
 
 
 @pytest.mark.parametrize(("where", "code"), code_blocks("python"), ids=lambda v: v if ":" in v else "")

@@ -105,10 +105,11 @@ def harness_set(spec: str, build: Callable[[], T]) -> T:
 
 def suite_named(name: str, build: Callable[[], T]) -> T:
     """Returns ``build()`` (which loads the suite ``name``); a mistyped suite name gets a
-    suggestion (a task file's path is not a name)."""
+    suggestion (a task file, ``file.py`` or ``module:attr`` is not a name)."""
     from harnessrl.tasks.suite import available_suites
 
-    typed = [] if "/" in name or name.endswith((".yaml", ".yml", ".jsonl", ".json")) else [name]
+    is_path = "/" in name or ":" in name or name.endswith((".yaml", ".yml", ".jsonl", ".json", ".py"))
+    typed = [] if is_path else [name]
     return looked_up("suite", typed, available_suites(), build)
 
 

@@ -115,3 +115,11 @@ def test_external_run_prints_each_task_as_it_finishes(tmp_path):
     assert re.match(r"^\[\d\d:\d\d:\d\d\] 1/2 (PASS|FAIL) ", first), first
     assert running_after_first
     assert re.search(r"^\[\d\d:\d\d:\d\d\] 2/2 (PASS|FAIL) ", rest, re.M) and "pass_rate" in rest
+
+
+def test_pool_runs_show_episode_progress_without_a_terminal(tmp_path):
+    pool = tmp_path / "pool"
+    assert cli("pool", "from-space", "--base", "S0-T0-O0-C0-W0", "--out", str(pool)).returncode == 0
+    result = cli("pool", "check", str(pool), "--limit", "1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert any(desc == "episodes" and done == total for desc, done, total in lines(result.stderr)), result.stderr[-2000:]

@@ -6,12 +6,13 @@ invalid."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from harnessrl.harness.harness import Harness
 from harnessrl.harness.siblings import PatchError, Sibling, build
 from harnessrl.policy.scripted import OraclePolicy
-from harnessrl.rescue.runs import SCRIPTED_LIMITS, RunSettings, run_grid
+from harnessrl.rescue.runs import RunSettings, run_grid
+from harnessrl.rollout.episode import SCRIPTED_LIMITS
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import Trajectory
 
@@ -33,8 +34,7 @@ class Compliance:
 def check_siblings(siblings: Sequence[Sibling], tasks: Sequence[Task], settings: RunSettings | None = None) -> list[Compliance]:
     """Returns the compliance of each sibling: it builds, and the oracle passes every task."""
     settings = settings or RunSettings(limits=SCRIPTED_LIMITS)
-    settings = RunSettings(limits=SCRIPTED_LIMITS, seed=settings.seed, backend=settings.backend,
-                           max_concurrent=settings.max_concurrent, env_workers=settings.env_workers)
+    settings = replace(settings, limits=SCRIPTED_LIMITS, temperature=0.0)  # the oracle, with room for its text
     results = {s.id: Compliance(s.id) for s in siblings}
     harnesses: list[tuple[str, Harness]] = []
     for sibling in siblings:

@@ -17,9 +17,6 @@ from harnessrl.rollout.engine import RolloutEngine, RolloutJob
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import Trajectory
 
-# Scripted policies tokenize bytewise: long gold commands need room (as in `harnessrl rollout`).
-SCRIPTED_LIMITS = HarnessLimits(max_new_tokens=16_384, context_tokens=262_144)
-
 
 @dataclass(frozen=True)
 class RunSettings:

@@ -3,7 +3,8 @@
 Python blocks are executed; each line of a bash block that is safe and fast runs through the
 command line (``harnessrl`` is ``python -m harnessrl.cli``); YAML blocks are experiment files
 and must pass ``harnessrl experiment FILE --dry-run``. The few commands that need a server, an
-external agent, a trained run or a long job are listed in ``NOT_RUN`` with the reason; a
+external agent, a trained run, a cluster or a long job are listed in ``NOT_RUN`` and
+``NOT_EXECUTED`` with the reason; a
 command in the docs that is neither run nor listed fails the test, so a new example cannot
 slip through untested.
 """
@@ -36,8 +37,11 @@ NOT_RUN = {
 # Pages whose examples their own test runs as printed (from the repository root, with the files
 # the page builds on); this test leaves them to it rather than run them twice.
 OWN_TEST = {"docs/tasks.md": "tests/test_docs_tasks.py"}
-# Python blocks that talk to `harnessrl serve` (started by the bash block before them).
-NEEDS_SERVER = ("base_url=",)
+# Python blocks that need what a test machine does not have, by a marker in their text, and why.
+NOT_EXECUTED = {
+    "base_url=": "talks to `harnessrl serve` (tests/test_serve_*.py drive the server with these SDKs)",
+    'ray_address="HEAD_HOST': "needs a Ray cluster and a model folder (tests/test_rollout_ray.py runs the engine locally)",
+}
 
 
 def code_blocks(lang: str) -> list[tuple[str, str]]:
@@ -82,8 +86,9 @@ def test_pages_left_to_their_own_test_have_one():
 
 @pytest.mark.parametrize(("where", "code"), code_blocks("python"), ids=lambda v: v if ":" in v else "")
 def test_python_example_runs_as_printed(where, code, tmp_path, capsys, monkeypatch):
-    if any(marker in code for marker in NEEDS_SERVER):
-        pytest.skip(f"{where} talks to `harnessrl serve` (tests/test_serve_*.py drive the server with these SDKs)")
+    reason = next((why for marker, why in NOT_EXECUTED.items() if marker in code), None)
+    if reason is not None:
+        pytest.skip(f"{where} is not executed here: it {reason}")
     monkeypatch.chdir(tmp_path)
     exec(compile(code, where, "exec"), {"__name__": "__doc_example__"})
     printed = capsys.readouterr().out

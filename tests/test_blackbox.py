@@ -164,6 +164,6 @@ def test_black_box_sft_clones_gold_replayed_through_mini_swe_agent(tiny_model, m
         trainer.close()
     [trajectory] = load_jsonl(tmp_path / "run" / "rollouts" / "step-000000.jsonl")
     assert trajectory.passed and trajectory.status == "submitted", (trajectory.error, trajectory.verdict)
-    assert record["pass_rate"] == 1.0 and record["trained_samples"] >= 1
-    assert record["update/nll"] > 0 and record["update/policy_tokens"] == trajectory.n_policy_tokens
+    assert record["pass_rate"] == 1.0 and record["trained_samples"] == len(trajectory.training_samples()) >= 1
+    assert record["update/nll"] > 0 and trajectory.n_policy_tokens > 0
     assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())

@@ -167,3 +167,61 @@ def test_black_box_sft_clones_gold_replayed_through_mini_swe_agent(tiny_model, m
     assert record["pass_rate"] == 1.0 and record["trained_samples"] == len(trajectory.training_samples()) >= 1
     assert record["update/nll"] > 0 and trajectory.n_policy_tokens > 0
     assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+
+
+def test_paper_blackbox_experiment_has_the_papers_three_arms():
+    from pathlib import Path
+
+    from harnessrl.experiment import arm_config, load_experiment
+
+    spec = load_experiment(Path(__file__).resolve().parents[1] / "configs" / "paper_blackbox.yaml")
+    configs = {arm.name: arm_config(spec, arm, 0, Path("/nonexistent")) for arm in spec.arms}
+    sft, rl, white = configs["blackbox-sft-openclaw"], configs["blackbox-rl-openclaw"], configs["harness-scaling-oa18"]
+    assert (sft.rollout_through, sft.objective, sft.sft_source) == ("ext:openclaw", "sft", "gold")
+    assert (rl.rollout_through, rl.objective) == ("ext:openclaw", "rl")
+    assert (white.rollout_through, white.design, white.pairing, white.k) == ("harness", "orthogonal", "neighbour", 2)
+    assert "ext:claude-code" in spec.eval.configs and "held-out" in spec.eval.configs and spec.eval.held_out == 18
+    assert {(c.steps, c.tasks_per_step, c.group_size) for c in configs.values()} == {(300, 16, 8)}
+
+
+def test_tiny_blackbox_experiment_reports_external_scores_and_costs(tiny_model, mini_swe_agent, tmp_path):
+    from harnessrl.experiment import load_experiment, run_experiment
+
+    path = tmp_path / "exp.yaml"
+    path.write_text(f"""
+name: tiny-blackbox
+base: {{preset: quick, model: {tiny_model}, steps: 1, tasks_per_step: 1, group_size: 2, max_turns: 1,
+        max_new_tokens: 8, max_train_tasks: 1, sft_warm_start_steps: 0, agent_max_steps: 2,
+        agent_time_limit_s: 180, agent_concurrency: 2, learning_rate: 0.001}}
+seeds: [0]
+eval: {{configs: "held-out,ext:mini-swe-agent", held_out: 1, tasks: 1}}
+arms:
+  - {{name: blackbox-rl, rollout_through: "ext:mini-swe-agent", design: single, pairing: repeat, k: 2}}
+  - {{name: white-box, design: orthogonal, pairing: neighbour, k: 2}}
+""")
+    result = run_experiment(load_experiment(path), tmp_path / "out", log=lambda message: None)
+    arms = {row["arm"]: row for row in result["arms"]}
+    assert arms["blackbox-rl"]["rollout_through"] == "ext:mini-swe-agent" and arms["white-box"]["rollout_through"] == "harness"
+    for row in arms.values():
+        assert row["external"] is not None and row["out_of_space"] is None
+        assert row["overall"] == pytest.approx((row["in_space"] + row["external"]) / 2)
+        assert row["rollouts"]["first_pass"] == 2
+        assert row["rollouts"]["tokens_prompt"] > 0 and row["rollouts"]["tokens_generated"] > 0
+        assert row["rollouts"]["rollout_time_s"] > 0
+    # an agent run sends far more prompt than an in-space episode of one turn: equal steps, unequal cost
+    assert arms["blackbox-rl"]["rollouts"]["tokens_prompt"] > arms["white-box"]["rollouts"]["tokens_prompt"]
+    table = (tmp_path / "out" / "comparison.md").read_text()
+    assert "external agents Pass@1" in table and "trains through" in table and "ext:mini-swe-agent" in table
+
+
+def test_recorder_forgets_a_session_and_keeps_the_others():
+    from harnessrl.serve.recorder import ConversationRecorder
+
+    with running() as (server, _policy, recorder):
+        for session in ("a@0", "b@0"):
+            httpx.post(f"{server.base_url}/s/{session}/v1/chat/completions", timeout=30,
+                       json={"model": "test-model", "messages": [{"role": "user", "content": "hi"}]})
+        recorder.forget("a@0")
+        recorder.forget("never-seen")
+        assert recorder.sessions() == ["b@0"]
+        assert isinstance(recorder, ConversationRecorder) and len(recorder.records("b@0")) == 1

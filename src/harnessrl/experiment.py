@@ -267,6 +267,7 @@ def run_experiment(spec: ExperimentSpec, out_dir: str | Path, log: Logger = prin
     from harnessrl.eval.evaluate import evaluate
     from harnessrl.eval.report import write_run_report
     from harnessrl.eval.sets import resolve_eval_set
+    from harnessrl.external.run import ExternalConfig
     from harnessrl.harness.registry import default_space
     from harnessrl.rl.loop import Trainer
     from harnessrl.tasks.suite import select_tasks
@@ -311,6 +312,10 @@ def run_experiment(spec: ExperimentSpec, out_dir: str | Path, log: Logger = prin
                 temperature=spec.eval.temperature, max_new_tokens=cfg.max_new_tokens, seed=spec.eval.seed,
                 max_concurrent=cfg.max_concurrent, env_workers=cfg.env_workers, backend=cfg.sandbox_backend,
                 design=trainer.design,
+                # Agent programs evaluated through get the per-turn token limit of in-space episodes.
+                external=ExternalConfig(max_steps=cfg.agent_max_steps, time_limit_s=cfg.agent_time_limit_s,
+                                        max_tokens=cfg.max_new_tokens,
+                                        backend="auto" if cfg.sandbox_backend == "none" else cfg.sandbox_backend),
             )
             save_jsonl(result.trajectories, run_dir / "eval" / "experiment.jsonl")
             results = result.to_dict()

@@ -158,7 +158,9 @@ class AgentRollouts:
             trajectories = [future.result() for future in futures]
         stats = AgentRolloutStats(episodes=len(trajectories))
         for index, (task, trajectory) in enumerate(zip(tasks, trajectories, strict=True)):
-            self._count(server, session_name(task.id, first_run + index), trajectory, stats)
+            session = session_name(task.id, first_run + index)
+            self._count(server, session, trajectory, stats)
+            server.recorder.forget(session)  # the trajectory holds what training needs
         self.log(f"{self.agent.name}: {len(trajectories)} runs in {time.perf_counter() - started:.1f}s, "
                  f"{stats.errored} errored, {stats.side_requests} side requests")
         return trajectories, stats

@@ -86,8 +86,8 @@ class TrainConfig(BaseModel):
         "sampling) or gold (each task's gold solution replayed through the agent's own tools, our oracle; needs "
         "rollout_through ext:<agent>)",
     )
-    agent_max_steps: int = Field(12, ge=1, description="black-box: the agent program's own step limit per run")
-    agent_time_limit_s: float = Field(600.0, gt=0.0, description="black-box: wall-clock seconds per agent run")
+    agent_max_steps: int = Field(12, ge=1, description="agent programs (black-box training and ext:<agent> evaluation in experiments): their own step limit per run")
+    agent_time_limit_s: float = Field(600.0, gt=0.0, description="agent programs: wall-clock seconds per run (training and experiment evaluation)")
     agent_concurrency: int = Field(
         4, ge=1, description="black-box: agent runs in flight at once (each in its own sandbox, one shared server)"
     )

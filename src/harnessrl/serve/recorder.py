@@ -285,6 +285,12 @@ class ConversationRecorder:
         records = [json.loads(line) for line in lines]
         return [r for r in records if r["session"] == session and (thread is None or r.get("thread", 0) == thread)]
 
+    def forget(self, session: str) -> None:
+        """Drops the records of ``session`` (a long-lived server, e.g. one a training run holds,
+        keeps only the conversations it still needs); its JSONL file, if any, stays."""
+        with self._lock:
+            self._conversations.pop(session, None)
+
     def main_thread(self, session: str) -> int:
         """Returns the thread of ``session`` with the most requests (the first on a tie)."""
         return _main_thread(self.records(session))

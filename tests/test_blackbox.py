@@ -221,7 +221,8 @@ def test_recorder_forgets_a_session_and_keeps_the_others():
         for session in ("a@0", "b@0"):
             httpx.post(f"{server.base_url}/s/{session}/v1/chat/completions", timeout=30,
                        json={"model": "test-model", "messages": [{"role": "user", "content": "hi"}]})
+        held = recorder.memory_bytes
         recorder.forget("a@0")
         recorder.forget("never-seen")
-        assert recorder.sessions() == ["b@0"]
+        assert recorder.sessions() == ["b@0"] and 0 < recorder.memory_bytes < held
         assert isinstance(recorder, ConversationRecorder) and len(recorder.records("b@0")) == 1

@@ -286,10 +286,18 @@ class ConversationRecorder:
         return [r for r in records if r["session"] == session and (thread is None or r.get("thread", 0) == thread)]
 
     def forget(self, session: str) -> None:
-        """Drops the records of ``session`` (a long-lived server, e.g. one a training run holds,
-        keeps only the conversations it still needs); its JSONL file, if any, stays."""
+        """Drops ``session`` altogether: its records in memory and its spill file (a file in
+        ``record_dir`` stays). A long-lived server, e.g. the one a training run holds, keeps
+        only the conversations it still needs; an unknown session is a no-op."""
         with self._lock:
-            self._conversations.pop(session, None)
+            conversation = self._conversations.pop(session, None)
+            if conversation is None:
+                return
+            self._memory_bytes -= conversation.memory_bytes
+            self._in_memory.pop(session, None)
+            own = conversation.own_file
+            if own is not None and self.spill_dir is not None and own.parent == self.spill_dir:
+                own.unlink(missing_ok=True)
 
     def main_thread(self, session: str) -> int:
         """Returns the thread of ``session`` with the most requests (the first on a tie)."""

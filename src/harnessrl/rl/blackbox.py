@@ -14,7 +14,9 @@ opencode, mini-swe-agent), the setting of the Harness Scaling paper's black-box 
 The server is `harnessrl serve` in this process over the trainer's own rollout policy object,
 behind `TrainingSampling`; the trainer's ``sync_weights`` after each optimizer step updates
 that very object, so the next step's agent runs sample from the updated weights without any
-copy or reload (and its prefix KV cache is dropped with it).
+copy or reload (and its prefix KV cache is dropped with it). A run stopped at its time limit
+may leave a request generating; the sync takes the policy's generation lock, so it waits for
+that generation and no generation ever sees half-updated weights.
 
 Side requests. An agent program also asks the model for things that are not its task loop:
 a session title, a summary of its own history, a topic check. The recorder puts each in a

@@ -226,3 +226,19 @@ def test_recorder_forgets_a_session_and_keeps_the_others():
         recorder.forget("never-seen")
         assert recorder.sessions() == ["b@0"] and 0 < recorder.memory_bytes < held
         assert isinstance(recorder, ConversationRecorder) and len(recorder.records("b@0")) == 1
+
+
+def test_a_retried_request_is_one_turn_the_answer_the_agent_went_on_with():
+    from serve_helpers import Scripted
+
+    answers = iter(["first answer", "second answer", "next step", "a title"])
+    with running(Scripted(lambda context: next(answers))) as (server, _policy, recorder):
+        task = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Do it."}]
+        first = _chat(server, "run@0", task)
+        _chat(server, "run@0", task)  # the client timed out and sent it again; it goes on with the first
+        _chat(server, "run@0", [*task, first, {"role": "user", "content": "ok"}])
+        _chat(server, "run@0", [{"role": "user", "content": "Title?"}])
+        trajectory = recorder.to_trajectory("run@0")
+    assert [turn.text for turn in trajectory.turns] == ["first ", "next s"]  # _chat asks for 6 tokens (bytes here)
+    assert trajectory.metrics["retries_dropped"] == 1 and trajectory.metrics["session_requests"] == 4
+    assert trajectory.metrics["threads"] == 2  # the continuation stayed in the main thread; the title did not

@@ -242,3 +242,18 @@ def test_a_retried_request_is_one_turn_the_answer_the_agent_went_on_with():
     assert [turn.text for turn in trajectory.turns] == ["first ", "next s"]  # _chat asks for 6 tokens (bytes here)
     assert trajectory.metrics["retries_dropped"] == 1 and trajectory.metrics["session_requests"] == 4
     assert trajectory.metrics["threads"] == 2  # the continuation stayed in the main thread; the title did not
+
+
+def test_a_request_that_drops_the_malformed_reply_stays_in_the_main_thread():
+    from serve_helpers import Scripted
+
+    with running(Scripted(lambda context: "no action here")) as (server, _policy, recorder):
+        task = [{"role": "system", "content": "Reply with one bash block."}, {"role": "user", "content": "Do it."}]
+        _chat(server, "run@0", task)
+        error = {"role": "user", "content": "Format error: expected exactly 1 action, found 0."}
+        _chat(server, "run@0", [*task, error])  # mini-swe-agent leaves the bad reply out of its history
+        _chat(server, "run@0", [*task, error, error])
+        trajectory = recorder.to_trajectory("run@0")
+    assert trajectory.metrics["threads"] == 1 and len(trajectory.turns) == 3
+    # each turn trains what it sampled; the dropped replies are not in the next prompts
+    assert [len(s.turn_starts) for s in trajectory.training_samples()] == [1, 1, 1]

@@ -84,14 +84,18 @@ class _Thread:
         message on every request (OpenClaw sends a per-request context message and leaves it
         out of the next one); their request still carries this thread's last reply, which
         the server itself produced, so it continues the thread up to that reply.
+        A request that extends the last request but leaves its reply out continues it too.
         """
         replies = self.replies or self.history[-1:]
         for reply in replies:
             history = [*self.history[:-1], reply]
             if len(history) <= len(keys) and keys[: len(history)] == history:
                 return len(history)
-        if self.last_request and self.last_request == keys:
-            return len(keys)
+        request = self.last_request
+        if request and len(request) <= len(keys) and keys[: len(request)] == request:
+            # The request again (a retry), or the request going on without the reply: a client
+            # that drops a malformed answer from its history (mini-swe-agent after a format error).
+            return len(request)
         for position in range(len(keys) - 1, -1, -1):
             if keys[position] in replies:
                 return position + 1

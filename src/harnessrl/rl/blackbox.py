@@ -140,6 +140,20 @@ class AgentRollouts:
         self.log = log
         self.server: AgentServer | None = None
 
+    @classmethod
+    def of(cls, cfg: Any, policy: Policy, train_tasks: Sequence[Task],
+           log: Callable[[str], None] = print) -> AgentRollouts | None:
+        """Returns the agent rollouts a ``TrainConfig`` asks for (None: ``rollout_through:
+        harness``); ``objective: sft`` with ``sft_source: gold`` serves gold replay of
+        ``train_tasks`` instead of the policy."""
+        agent = rollout_agent(cfg.rollout_through)
+        if agent is None:
+            return None
+        gold = train_tasks if cfg.objective == "sft" and cfg.sft_source == "gold" else None
+        return cls(agent, policy, SamplingParams(cfg.temperature, cfg.top_p, cfg.max_new_tokens),
+                   max_steps=cfg.agent_max_steps, time_limit_s=cfg.agent_time_limit_s,
+                   concurrency=cfg.agent_concurrency, backend=cfg.sandbox_backend, gold_tasks=gold, log=log)
+
     def start(self) -> AgentServer:
         """Starts the server on first use; returns it."""
         if self.server is None:

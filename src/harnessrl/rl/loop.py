@@ -35,7 +35,7 @@ from harnessrl.progress import Progress
 from harnessrl.rescue.groups import GroupInfo, signal_metrics
 from harnessrl.rescue.router import TaskInfo
 from harnessrl.rl.advantages import gae, grpo_advantages, no_signal_fraction, rloo_advantages
-from harnessrl.rl.blackbox import AgentRollouts, rollout_agent, rollout_cost
+from harnessrl.rl.blackbox import AgentRollouts, rollout_cost
 from harnessrl.rl.checkpoint import (
     latest_checkpoint,
     load_training_state,
@@ -170,14 +170,8 @@ class Trainer:
         self._pairs: list[list[str]] = []
         self._groups: list[GroupInfo] = []
         self.rescue: Rescue | None = None
-        self.agent_rollouts: AgentRollouts | None = None
-        agent = rollout_agent(cfg.rollout_through)
-        if agent is not None:  # served in-process: the trainer's weight sync reaches the server
-            gold = self.train_tasks if cfg.objective == "sft" and cfg.sft_source == "gold" else None
-            self.agent_rollouts = AgentRollouts(
-                agent, self.policy, SamplingParams(cfg.temperature, cfg.top_p, cfg.max_new_tokens),
-                max_steps=cfg.agent_max_steps, time_limit_s=cfg.agent_time_limit_s,
-                concurrency=cfg.agent_concurrency, backend=cfg.sandbox_backend, gold_tasks=gold, log=log)
+        # Black-box: served in-process, so the trainer's weight sync reaches the agents' server.
+        self.agent_rollouts = AgentRollouts.of(cfg, self.policy, self.train_tasks, log)
         if cfg.rescue != "none":
             self.rescue = Rescue(
                 cfg, self.design.codes, self.validation_tasks(), self.harness,

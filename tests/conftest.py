@@ -59,6 +59,17 @@ def tiny_model(tmp_path_factory):
     return save_tiny_model(tmp_path_factory)
 
 
+@pytest.fixture(scope="session")
+def mini_swe_agent() -> str:
+    """mini-swe-agent installed into the agents cache (from PyPI; once per machine)."""
+    from harnessrl.external.agents import get_agent
+    from harnessrl.external.install import install
+
+    agent = get_agent("mini-swe-agent")
+    install(agent.name, agent.plan())
+    return agent.name
+
+
 def usable_backend_or_skip(name: str) -> str:
     """Returns sandbox backend ``name`` when this machine can run it, else skips the test."""
     from harnessrl.sandbox.backends import probe_backend

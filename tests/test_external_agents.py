@@ -191,12 +191,7 @@ def test_unknown_agents_and_bad_configs_are_clear_errors() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def mini_swe_agent() -> str:
-    """mini-swe-agent installed into the agents cache (from PyPI; once per machine)."""
-    agent = get_agent("mini-swe-agent")
-    install(agent.name, agent.plan())
-    return agent.name
+# mini_swe_agent: the fixture in conftest.py installs it into the agents cache.
 
 
 E2E_TASK_IDS = ("ws-test-recovery-4-0", "ws-test-sqlite-1-0", "ws-test-text-4-0")

@@ -3,12 +3,22 @@
 An experiment file (YAML) names a ``base`` training config shared by every arm, the
 ``seeds``, one ``eval`` protocol, and the ``arms``. An arm may change only what the papers'
 ablations change: the design (single / first-order / orthogonal / random / full), the
-pairing strategy and K (Harness Scaling), and the rescue of dead groups, its K, the sibling
-source and the router (Harness-S). Everything that sets the budget (optimizer steps, tasks
-and rollouts per step, turns, warm start) comes from ``base``, so every arm gets the same
-budget in optimizer steps by construction; rescue adds executor rollouts, which the
+pairing strategy and K (Harness Scaling), the rescue of dead groups, its K, the sibling
+source and the router (Harness-S), and what the rollouts run through and what the update is
+(the Harness Scaling paper's black-box baselines: ``rollout_through: ext:<agent>``,
+``objective: rl | sft``, ``sft_source``). Everything that sets the budget (optimizer steps,
+tasks and rollouts per step, turns, warm start) comes from ``base``, so every arm gets the
+same budget in optimizer steps by construction; rescue adds executor rollouts, which the
 comparison counts per arm (and ``--dry-run`` bounds) so that arms are compared at stated
-rollout costs. Each (arm, seed) is a training run via ``rl/loop.py`` in
+rollout costs.
+
+Matched budgets across harnesses and agent programs. "Matched" means equal optimizer steps
+and equal rollouts per step (tasks_per_step x group_size runs, on the same task draws): an
+agent run and an in-space episode each count as one rollout. They do not cost the same (an
+agent program sends a long system prompt and tool schemas with every request, makes side
+requests, and may take more turns), so the comparison also reports per arm what the
+rollouts cost: prompt tokens, sampled tokens, side-request tokens, and rollout and update
+wall time, summed over the run's steps. Equal steps are then stated next to unequal costs. Each (arm, seed) is a training run via ``rl/loop.py`` in
 ``DIR/arms/<arm>-seed<seed>/``, followed by the shared evaluation; a marker
 ``arm_result.json`` is written atomically after it, so a re-run skips finished arms and a
 killed suite resumes (a half-trained arm continues from its last checkpoint).
@@ -36,7 +46,7 @@ from harnessrl.rl.config import TrainConfig, load_config
 Logger = Callable[[str], None]
 ARM_FIELDS = ("design", "design_n", "base_harness", "pairing", "k",
               "rescue", "rescue_k", "siblings", "router", "router_per_family", "mixture_fraction",
-              "profile_voters")
+              "profile_voters", "rollout_through", "objective", "sft_source")
 # Set by the experiment for every arm; a base config must not set them.
 MANAGED_FIELDS = ("run_dir", "seed", "eval_held_out", "eval_out_of_space", "eval_base", "eval_every")
 MARKER = "arm_result.json"
@@ -62,6 +72,12 @@ class ArmSpec(BaseModel):
     profile_voters: list[str] | None = Field(None, description="profile routing: voters, MODEL@URL each")
     router_per_family: bool | None = Field(None, description="validation routing per task family")
     mixture_fraction: float | None = Field(None, ge=0.0, le=1.0, description="sibling share for rescue: mixture")
+    rollout_through: str | None = Field(
+        None, description="black-box training: 'ext:<agent>' runs every rollout through that agent program "
+        "(see TrainConfig.rollout_through); 'harness' (the default) is white-box")
+    objective: Literal["rl", "sft"] | None = Field(None, description="rl (GRPO) or sft on the step's successful runs")
+    sft_source: Literal["policy", "gold"] | None = Field(
+        None, description="objective sft: the policy's own successful runs, or gold replayed through the agent")
 
 
 class EvalSpec(BaseModel):
@@ -225,11 +241,17 @@ def executor_rollouts(run_dir: Path) -> dict[str, Any]:
     finals = sorted(state.glob("step-*/trainer_state.json")) if state.exists() else []
     if finals:
         validation += int(json.loads(finals[-1].read_text(encoding="utf-8")).get("final_anchor", {}).get("episodes", 0))
+    cost = {key: sum(float(r.get(key, 0)) for r in records) for key in COST_FIELDS}
     ratios = {key: float(np.mean([r[key] for r in records if key in r])) if any(key in r for r in records) else None
               for key in ("valid_group_ratio", "effective_token_ratio", "rescue/rescue_success_rate",
                           "rescue/rescue_trigger_rate")}
     return {"first_pass": first, "rescue": rescue, "validation": validation,
-            "vs_grpo": (first + rescue) / first if first else None, **{k.split("/")[-1]: v for k, v in ratios.items()}}
+            "vs_grpo": (first + rescue) / first if first else None, **{k.split("/")[-1]: v for k, v in ratios.items()},
+            **cost}
+
+
+COST_FIELDS = ("tokens_prompt", "tokens_generated", "tokens_side", "rollout_time_s", "update_time_s")
+"""What an arm's rollouts cost, summed over its steps' metrics (see the module docstring)."""
 
 
 def _write_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -245,6 +267,7 @@ def run_experiment(spec: ExperimentSpec, out_dir: str | Path, log: Logger = prin
     from harnessrl.eval.evaluate import evaluate
     from harnessrl.eval.report import write_run_report
     from harnessrl.eval.sets import resolve_eval_set
+    from harnessrl.external.run import ExternalConfig
     from harnessrl.harness.registry import default_space
     from harnessrl.rl.loop import Trainer
     from harnessrl.tasks.suite import select_tasks
@@ -279,7 +302,7 @@ def run_experiment(spec: ExperimentSpec, out_dir: str | Path, log: Logger = prin
                 log(f"[{run_id}] finished earlier: skipped")
                 continue
             log(f"[{run_id}] training: design {cfg.design}, pairing {cfg.pairing}, K={cfg.k}, rescue {cfg.rescue}, "
-                f"{cfg.steps} steps")
+                f"through {cfg.rollout_through} ({cfg.objective}), {cfg.steps} steps")
             started = time.time()
             trainer = Trainer(cfg, resume=True, log=lambda m, r=run_id: log(f"[{r}] {m}"))
             trainer.run()
@@ -289,6 +312,10 @@ def run_experiment(spec: ExperimentSpec, out_dir: str | Path, log: Logger = prin
                 temperature=spec.eval.temperature, max_new_tokens=cfg.max_new_tokens, seed=spec.eval.seed,
                 max_concurrent=cfg.max_concurrent, env_workers=cfg.env_workers, backend=cfg.sandbox_backend,
                 design=trainer.design,
+                # Agent programs evaluated through get the per-turn token limit of in-space episodes.
+                external=ExternalConfig(max_steps=cfg.agent_max_steps, time_limit_s=cfg.agent_time_limit_s,
+                                        max_tokens=cfg.max_new_tokens,
+                                        backend="auto" if cfg.sandbox_backend == "none" else cfg.sandbox_backend),
             )
             save_jsonl(result.trajectories, run_dir / "eval" / "experiment.jsonl")
             results = result.to_dict()
@@ -343,13 +370,15 @@ def compare(out_dir: str | Path) -> dict[str, Any]:
         spent = [m.get("rollouts") or {} for m in markers]
         row["rollouts"] = {key: _mean([s.get(key) for s in spent]) for key in
                            ("first_pass", "rescue", "validation", "vs_grpo", "valid_group_ratio",
-                            "effective_token_ratio", "rescue_success_rate", "rescue_trigger_rate")}
+                            "effective_token_ratio", "rescue_success_rate", "rescue_trigger_rate", *COST_FIELDS)}
+        row["rollout_through"] = markers[0]["config"].get("rollout_through", "harness")
+        row["objective"] = markers[0]["config"].get("objective", "rl")
         pooled = []
         for m in markers:
             path = out / "arms" / f"{arm['name']}-seed{m['seed']}" / "eval" / "experiment.jsonl"
             pooled += load_jsonl(path) if path.exists() else []
         pooled_scores = score_trajectories(pooled, spec["eval"]["k"], groups).to_dict() if pooled else {"per_group": {}}
-        for group in ("in_space", "out_of_space"):
+        for group in ("in_space", "out_of_space", "external"):
             values = [m["results"]["per_group"][group]["pass_at_1"] for m in markers if group in m["results"]["per_group"]]
             row[group] = float(np.mean(values)) if values else None
             row[f"{group}_seed_std"] = float(np.std(values)) if len(values) > 1 else None
@@ -358,10 +387,14 @@ def compare(out_dir: str | Path) -> dict[str, Any]:
         # Avg@k under them, Harness-S's protocol (Pass@3 / Avg@3 under H0).
         train_scores = pooled_scores["per_group"].get("train", {})
         row["train_pass_at_k"], row["train_avg_at_k"] = train_scores.get("pass_at_k"), train_scores.get("avg_at_k")
-        parts = [row[g] for g in ("in_space", "out_of_space") if row[g] is not None]
+        # Overall: in-space and out of it (the paper's overall averages in-space and Claude Code;
+        # an external agent program is out of the space, so it joins the out-of-space side).
+        outside = [row[g] for g in ("out_of_space", "external") if row[g] is not None]
+        parts = [v for v in (row["in_space"], float(np.mean(outside)) if outside else None) if v is not None]
         row["overall"] = float(np.mean(parts)) if parts else None
         row["overall_ci"] = list(bootstrap_ci_mean_of_means(
-            [unit_scores(pooled, groups, g) for g in ("in_space", "out_of_space")])) if pooled else None
+            [unit_scores(pooled, groups, "in_space"),
+             unit_scores(pooled, groups, "out_of_space") + unit_scores(pooled, groups, "external")])) if pooled else None
         row["behaviour"] = {name: cell["rate"] for name, cell in pooled_scores.get("behaviour", {}).get("overall", {}).items()}
         row["wall_time_s"] = sum(m.get("wall_time_s", 0.0) for m in markers)
         rows[arm["name"]] = row
@@ -405,6 +438,18 @@ def comparison_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]
     rows = [[r["arm"], f"{r['design']} ({r['train_configs']})", f"{r['pairing']}, K={r['k']}", len(r["seeds"]),
              pct(r["in_space"]), pct_ci(r["in_space_ci"]), pct(r["out_of_space"]), pct_ci(r["out_of_space_ci"]),
              pct(r["overall"]), pct_ci(r.get("overall_ci")), signed(r["gain_in_space"]), signed(r["gain_overall"])] for r in result["arms"]]
+    if any(r.get("external") is not None for r in result["arms"]):
+        # The agent programs evaluated through (the paper's Claude Code column).
+        headers += ["external agents Pass@1", "95% CI"]
+        for row, r in zip(rows, result["arms"], strict=True):
+            row += [pct(r.get("external")), pct_ci(r.get("external_ci"))]
+    if any(r.get("rollout_through", "harness") != "harness" or r.get("objective", "rl") != "rl" for r in result["arms"]):
+        # Black-box arms: what the equal steps cost (see the module docstring).
+        headers += ["trains through", "update", "prompt tokens", "sampled tokens", "side tokens", "rollout s", "update s"]
+        for row, r in zip(rows, result["arms"], strict=True):
+            spent = r.get("rollouts") or {}
+            row += [r.get("rollout_through", "harness"), r.get("objective", "rl"),
+                    *[f"{spent[key]:.0f}" if spent.get(key) is not None else "-" for key in COST_FIELDS]]
     if any(r.get("rescue", "none") != "none" for r in result["arms"]):
         # Harness-S's columns: the signal rescue restores and what it costs in executor rollouts.
         k = result["eval"]["k"]

@@ -46,6 +46,9 @@ def run_experiment_cli(args: argparse.Namespace) -> int:
             cfg = arm_config(spec, arm, spec.seeds[0], out)
             bound = executor_rollouts_bound(cfg)
             rescue = f"rescue {cfg.rescue}" + (f" ({cfg.router}, K={cfg.rescue_k})" if cfg.rescue == "siblings" else "")
+            if cfg.rollout_through != "harness" or cfg.objective != "rl":
+                source = f", {cfg.sft_source} runs" if cfg.objective == "sft" else ""
+                rescue += f"; through {cfg.rollout_through} ({cfg.objective}{source})"
             print(f"  {arm_id(arm, spec.seeds[0]).rsplit('-seed', 1)[0]:<22} design {cfg.design:<12} "
                   f"pairing {cfg.pairing:<10} K={cfg.k}  {rescue}; executor rollouts: {bound['first_pass']} first "
                   f"pass + at most {bound['rescue_at_most']} rescue + {bound['validation']} paired validation")

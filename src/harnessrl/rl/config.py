@@ -69,6 +69,29 @@ class TrainConfig(BaseModel):
     env_workers: int = Field(4, ge=1, description="threads for sandbox steps")
     sandbox_backend: str = Field("auto", description="sandbox backend: auto, bwrap, unshare, none")
 
+    rollout_through: str = Field(
+        "harness",
+        description="what runs a step's rollouts: 'harness' (our white-box harnesses, the design's configurations) "
+        "or 'ext:<agent>' (black-box: runs of a real agent program, e.g. ext:openclaw, against a server over the "
+        "current policy; rl/blackbox.py)",
+    )
+    objective: Literal["rl", "sft"] = Field(
+        "rl",
+        description="the update of a step: rl (GRPO/PPO on the step's rollouts) or sft (behaviour cloning on the "
+        "step's successful rollouts: black-box SFT when rollouts go through an agent)",
+    )
+    sft_source: Literal["policy", "gold"] = Field(
+        "policy",
+        description="objective sft: whose runs are cloned: policy (the current policy's successful runs, rejection "
+        "sampling) or gold (each task's gold solution replayed through the agent's own tools, our oracle; needs "
+        "rollout_through ext:<agent>)",
+    )
+    agent_max_steps: int = Field(12, ge=1, description="agent programs (black-box training and ext:<agent> evaluation in experiments): their own step limit per run")
+    agent_time_limit_s: float = Field(600.0, gt=0.0, description="agent programs: wall-clock seconds per run (training and experiment evaluation)")
+    agent_concurrency: int = Field(
+        4, ge=1, description="black-box: agent runs in flight at once (each in its own sandbox, one shared server)"
+    )
+
     # -- the update ---------------------------------------------------------------------------------
     steps: int = Field(300, ge=0, description="optimizer steps (paper: 300)")
     learning_rate: float = Field(1e-6, gt=0.0, description="peak learning rate")
@@ -238,6 +261,19 @@ class TrainConfig(BaseModel):
                 f"{self.tasks_per_step} x {self.group_size} = {rollouts}); each mini-batch needs a rollout: lower "
                 "mini_batches or raise tasks_per_step or group_size"
             )
+        if self.rollout_through != "harness":
+            if not self.rollout_through.startswith("ext:") or not self.rollout_through[4:]:
+                raise ValueError(f"rollout_through must be 'harness' or 'ext:<agent>' (e.g. ext:openclaw), "
+                                 f"got {self.rollout_through!r}")
+            if self.rescue != "none" or self.algorithm != "grpo":
+                raise ValueError(f"rollout_through {self.rollout_through} trains GRPO groups of agent runs: set "
+                                 "algorithm: grpo and rescue: none (siblings are harness configurations)")
+            if self.sandbox_backend == "none":
+                raise ValueError("rollout_through ext:<agent> runs the agent in a real sandbox: set sandbox_backend "
+                                 "to auto, bwrap or unshare")
+        if self.objective == "sft" and self.sft_source == "gold" and self.rollout_through == "harness":
+            raise ValueError("sft_source gold replays gold through an agent's tools: set rollout_through ext:<agent> "
+                             "(in-space oracle demonstrations are the warm start, sft_warm_start_steps)")
         if self.advantage == "rloo" and self.algorithm != "grpo":
             raise ValueError(
                 f"advantage rloo is a group baseline for algorithm grpo; algorithm {self.algorithm} takes GAE "

@@ -35,6 +35,7 @@ from harnessrl.progress import Progress
 from harnessrl.rescue.groups import GroupInfo, signal_metrics
 from harnessrl.rescue.router import TaskInfo
 from harnessrl.rl.advantages import gae, grpo_advantages, no_signal_fraction, rloo_advantages
+from harnessrl.rl.blackbox import AgentRollouts, rollout_cost
 from harnessrl.rl.checkpoint import (
     latest_checkpoint,
     load_training_state,
@@ -169,6 +170,8 @@ class Trainer:
         self._pairs: list[list[str]] = []
         self._groups: list[GroupInfo] = []
         self.rescue: Rescue | None = None
+        # Black-box: served in-process, so the trainer's weight sync reaches the agents' server.
+        self.agent_rollouts = AgentRollouts.of(cfg, self.policy, self.train_tasks, log)
         if cfg.rescue != "none":
             self.rescue = Rescue(
                 cfg, self.design.codes, self.validation_tasks(), self.harness,
@@ -192,6 +195,11 @@ class Trainer:
         """Gives the rollout policy the trained weights (copied in when the master weights are a
         model of their own) and drops its prefix KV cache: call it after every optimizer step."""
         self.policy.sync_weights(self.model)
+
+    def close(self) -> None:
+        """Stops the agent server of black-box rollouts (if any); the policy stays usable."""
+        if self.agent_rollouts is not None:
+            self.agent_rollouts.close()
 
     def _wrap_lora(self, model: Any, adapter_dir: Path | None) -> Any:
         try:
@@ -251,6 +259,12 @@ class Trainer:
         pairs = self.schedule.step(step)
         self._pairs = [[p.task, p.config.code] for p in pairs]
         self._groups = []
+        if self.agent_rollouts is not None:  # black-box: G agent runs per task (rl/blackbox.py)
+            tasks = [self.task_by_id[p.task] for p in pairs for _ in range(self.cfg.group_size)]
+            self._groups = [GroupInfo(g, TaskInfo.of(self.task_by_id[p.task]), self.cfg.rollout_through)
+                            for g, p in enumerate(pairs)]
+            trajectories, agent_stats = self.agent_rollouts.run(tasks, first_run=step * len(tasks))
+            return trajectories, [i // self.cfg.group_size for i in range(len(tasks))], agent_stats
         for group, pair in enumerate(pairs):
             code = pair.config.code
             self._groups.append(GroupInfo(group, TaskInfo.of(self.task_by_id[pair.task]), code))
@@ -302,14 +316,17 @@ class Trainer:
             )
             extra.update({f"rescue/{k}": v for k, v in rescue_metrics.items()})
         rewards = [t.reward for t in trajectories]
-        if self.cfg.algorithm == "ppo":
+        if self.cfg.objective == "sft":  # behaviour cloning on the step's successful runs
+            samples = sft_samples([t for t in trajectories if t.passed])
+        elif self.cfg.algorithm == "ppo":
             samples = self.ppo_samples(trajectories)
         else:
             samples = self.grpo_samples(trajectories, rewards, groups)
         t1 = time.perf_counter()
         update = update_step(
             self.model, self.optimizer, samples, self.policy.tokenizer.pad_token_id,
-            objective="pg", temperature=self.cfg.temperature if self.cfg.temperature > 0 else 1.0,
+            objective="nll" if self.cfg.objective == "sft" else "pg",
+            temperature=self.cfg.temperature if self.cfg.temperature > 0 else 1.0,
             clip_low=self.cfg.clip_low, clip_high=self.cfg.clip_high, aggregation=self.cfg.aggregation,
             importance_cap=self.cfg.importance_cap, entropy_coef=self.cfg.entropy_coef,
             kl_coef=self.cfg.kl_coef, kl_estimator=self.cfg.kl_estimator, ref_model=self.ref_model,
@@ -337,7 +354,9 @@ class Trainer:
             "lr": self.scheduler.get_last_lr()[0],
             "rollout_time_s": round(t1 - t0, 2),
             "update_time_s": round(time.perf_counter() - t1, 2),
+            **rollout_cost(trajectories),
             "tokens_generated": stats.tokens_generated,
+            **(stats.metrics() if self.agent_rollouts is not None else {}),
             **{f"update/{k}": v for k, v in update.items()},
             **extra,
         }
@@ -504,6 +523,7 @@ class Trainer:
             self.state["final_anchor"] = self.rescue.anchor(cfg.steps, self.run_jobs)
             self.state["final_anchor_step"] = cfg.steps
             self.checkpoint(cfg.steps)
+        self.close()
         final = self.state.get("final_eval")
         if final is None or self.state.get("final_eval_step") != cfg.steps:
             final = self.evaluate("final")

@@ -73,6 +73,9 @@ def _digest(message: dict[str, Any]) -> bytes:
 class _Thread:
     last_request: list[bytes] = field(default_factory=list)  # message digests of the last request
     history: list[bytes] = field(default_factory=list)  # ... and of its reply
+    # Every reply to the last request: a client that times out retries the same request, and
+    # it goes on with whichever answer reached it.
+    replies: list[bytes] = field(default_factory=list)
 
     def match(self, keys: list[bytes]) -> int:
         """Returns how long a prefix of ``keys`` this thread accounts for (-1: none).
@@ -81,17 +84,21 @@ class _Thread:
         message on every request (OpenClaw sends a per-request context message and leaves it
         out of the next one); their request still carries this thread's last reply, which
         the server itself produced, so it continues the thread up to that reply.
+        A request that extends the last request but leaves its reply out continues it too.
         """
-        history = self.history
-        if history and len(history) <= len(keys) and keys[: len(history)] == history:
-            return len(history)
-        if self.last_request and self.last_request == keys:
-            return len(keys)
-        if history:
-            reply = history[-1]
-            for position in range(len(keys) - 1, -1, -1):
-                if keys[position] == reply:
-                    return position + 1
+        replies = self.replies or self.history[-1:]
+        for reply in replies:
+            history = [*self.history[:-1], reply]
+            if len(history) <= len(keys) and keys[: len(history)] == history:
+                return len(history)
+        request = self.last_request
+        if request and len(request) <= len(keys) and keys[: len(request)] == request:
+            # The request again (a retry), or the request going on without the reply: a client
+            # that drops a malformed answer from its history (mini-swe-agent after a format error).
+            return len(request)
+        for position in range(len(keys) - 1, -1, -1):
+            if keys[position] in replies:
+                return position + 1
         return -1
 
 
@@ -202,6 +209,7 @@ class ConversationRecorder:
                 conversation.threads.append(_Thread())
             state = conversation.threads[thread]
             known = max(0, state.match(keys)) if state.history else 0
+            retry = bool(state.history) and keys == state.last_request
             record = {
                 "session": session,
                 "thread": thread,
@@ -217,11 +225,13 @@ class ConversationRecorder:
                 "finish_reason": finish_reason,
                 "text": text,
                 "reply": reply,
+                "retry": retry,  # the same request again (the client retried): see to_trajectory
             }
             line = json.dumps(record, ensure_ascii=False)
             conversation.count += 1
             state.last_request = keys
             state.history = [*keys, _digest(reply)]
+            state.replies = [*state.replies, state.history[-1]] if retry else [state.history[-1]]
             if self.record_dir is not None:
                 self._append(session, [line])
             else:
@@ -285,6 +295,20 @@ class ConversationRecorder:
         records = [json.loads(line) for line in lines]
         return [r for r in records if r["session"] == session and (thread is None or r.get("thread", 0) == thread)]
 
+    def forget(self, session: str) -> None:
+        """Drops ``session`` altogether: its records in memory and its spill file (a file in
+        ``record_dir`` stays). A long-lived server, e.g. the one a training run holds, keeps
+        only the conversations it still needs; an unknown session is a no-op."""
+        with self._lock:
+            conversation = self._conversations.pop(session, None)
+            if conversation is None:
+                return
+            self._memory_bytes -= conversation.memory_bytes
+            self._in_memory.pop(session, None)
+            own = conversation.own_file
+            if own is not None and self.spill_dir is not None and own.parent == self.spill_dir:
+                own.unlink(missing_ok=True)
+
     def main_thread(self, session: str) -> int:
         """Returns the thread of ``session`` with the most requests (the first on a tie)."""
         return _main_thread(self.records(session))
@@ -329,11 +353,15 @@ class ConversationRecorder:
     ) -> Trajectory:
         """Returns one thread of ``session`` (default: ``main_thread``) as a trajectory: one
         turn per request, with the exact prompt and sampled ids; each turn's observation is
-        the text of the messages the client sent next. ``reward`` defaults to 1.0 when
+        the text of the messages the client sent next. A request the client sent again (a
+        retry after a timeout) is one turn: the answer the conversation went on with (found
+        in the next prompt, which holds its sampled ids), else the last; the others were never
+        acted on and are left out (``retries_dropped``). ``reward`` defaults to 1.0 when
         ``passed`` else 0.0; ``metrics`` records the session, thread and request counts."""
         every = self.records(session)
         chosen = _main_thread(every) if thread is None else thread
-        records = [record for record in every if record.get("thread", 0) == chosen]
+        in_thread = [record for record in every if record.get("thread", 0) == chosen]
+        records = _answers_acted_on(in_thread)
         total = len(every)
         turns = []
         for index, record in enumerate(records):
@@ -367,14 +395,38 @@ class ConversationRecorder:
             out_of_space=True,
             metrics={
                 "requests": len(records), "session_requests": total, "thread": chosen,
+                "retries_dropped": len(in_thread) - len(records),
                 "threads": len({r.get("thread", 0) for r in every}),
                 "apis": apis, "session": session, **(metrics or {}),
             },
         )
 
 
+def _contains(haystack: Sequence[int], needle: Sequence[int]) -> bool:
+    size = len(needle)
+    return any(haystack[start:start + size] == needle for start in range(len(haystack) - size + 1))
+
+
+def _answers_acted_on(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Returns ``records`` with each run of retries (equal prompts, one after another) cut to
+    the answer the next request carries (the last of the run when none or no next request)."""
+    kept: list[dict[str, Any]] = []
+    index = 0
+    while index < len(records):
+        end = index
+        while end + 1 < len(records) and records[end + 1]["prompt_ids"] == records[index]["prompt_ids"]:
+            end += 1
+        run = records[index:end + 1]
+        after = records[end + 1]["prompt_ids"] if end + 1 < len(records) else None
+        seen = [r for r in run if after is not None and _contains(after, r["completion_ids"])]
+        kept.append(seen[-1] if seen else run[-1])
+        index = end + 1
+    return kept
+
+
 def _main_thread(records: Sequence[dict[str, Any]]) -> int:
-    counts = Counter(record.get("thread", 0) for record in records)
+    # A retried request counts once: retries do not make a side thread the main one.
+    counts = Counter(record.get("thread", 0) for record in records if not record.get("retry"))
     if not counts:
         return 0
     return min(counts, key=lambda thread: (-counts[thread], thread))

@@ -92,7 +92,7 @@ def run_train(args: argparse.Namespace) -> int:
     if os.environ.get("RANK", "0") != "0":
         return 0  # rank 0 prints the summary of a torchrun job
     print()
-    from harnessrl.rl.loop import format_summary
+    from harnessrl.rl.summary import format_summary
 
     print(format_summary(summary))
     sys.stdout.flush()

@@ -2,7 +2,8 @@
 
 ``PolicyBatcher`` owns the policy: one worker thread calls ``policy.generate`` (policies are
 not thread-safe), gathering every request that arrived while the previous batch ran into the
-next batch, so parallel agents share forward passes. ``ServeEngine.complete`` renders a
+next batch, so parallel agents share forward passes (a batch holding a stream runs
+``policy.generate_stream``, which hands the stream its ids as they are sampled). ``ServeEngine.complete`` renders a
 parsed request, checks it against the context window, clamps its output length, waits for
 the batch without blocking the event loop, applies stop strings, parses tool calls, and
 records the exchange.
@@ -26,6 +27,7 @@ from harnessrl.policy.base import Generation, GenerationRequest, Policy, Samplin
 from harnessrl.serve.context import ServeContext
 from harnessrl.serve.prompt import PromptRenderer
 from harnessrl.serve.recorder import ConversationRecorder
+from harnessrl.serve.streaming import StreamedText
 
 T = TypeVar("T")
 
@@ -107,17 +109,24 @@ class CompletionSet:
 
 @dataclass
 class PendingCompletion:
-    """A request that is queued: its conversation, prompt size, and the task that finishes it
-    (its result is the ``CompletionSet``; it raises ``PolicyFailure``)."""
+    """A request that is queued: its conversation, prompt size, the task that finishes it
+    (its result is the ``CompletionSet``; it raises ``PolicyFailure``) and, for a stream,
+    the queue its sampled ids arrive on while the policy works."""
 
     session: str | None
     prompt_tokens: int
     task: asyncio.Future[CompletionSet]
+    # a streamed request's sampled ids as the policy hands them over: (choice index, ids)
+    tokens: asyncio.Queue[tuple[int, list[int]]] | None = None
 
 
 def new_id(prefix: str) -> str:
     """Returns a fresh id like ``call_3f2a...`` (24 hex digits)."""
     return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+# one queued request: the request, the future of its generation, who hears its tokens
+_Queued = tuple[GenerationRequest, "concurrent.futures.Future[Generation]", "Callable[[Sequence[int]], None] | None"]
 
 
 class PolicyBatcher:
@@ -126,21 +135,24 @@ class PolicyBatcher:
     def __init__(self, policy: Policy, max_batch_size: int = 64) -> None:
         self.policy = policy
         self.max_batch_size = max_batch_size
-        self._queue: queue.Queue[tuple[GenerationRequest, concurrent.futures.Future[Generation]] | None] = queue.Queue()
+        self._queue: queue.Queue[_Queued | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self.batches = 0  # how many generate calls ran
         self.requests = 0  # how many requests they held
 
-    def submit(self, request: GenerationRequest) -> concurrent.futures.Future[Generation]:
+    def submit(
+        self, request: GenerationRequest, on_tokens: Callable[[Sequence[int]], None] | None = None
+    ) -> concurrent.futures.Future[Generation]:
         """Queues one request (starting the worker if it is not running); returns the future
-        of its generation."""
+        of its generation. ``on_tokens`` (called on the worker thread) receives its ids as the
+        policy samples them (``Policy.generate_stream``)."""
         with self._start_lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._work, name="harnessrl-serve-policy", daemon=True)
                 self._thread.start()
         future: concurrent.futures.Future[Generation] = concurrent.futures.Future()
-        self._queue.put((request, future))
+        self._queue.put((request, future, on_tokens))
         return future
 
     def close(self) -> None:
@@ -171,18 +183,29 @@ class PolicyBatcher:
             if stop:
                 return
 
-    def _run(self, batch: list[tuple[GenerationRequest, concurrent.futures.Future[Generation]]]) -> None:
+    def _run(self, batch: list[_Queued]) -> None:
         self.batches += 1
         self.requests += len(batch)
+        requests = [request for request, _, _ in batch]
+        listeners = [on_tokens for _, _, on_tokens in batch]
+
+        def dispatch(index: int, ids: Sequence[int]) -> None:
+            listener = listeners[index]
+            if listener is not None:
+                listener(ids)
+
         try:
-            generations = self.policy.generate([request for request, _ in batch])
+            if any(listener is not None for listener in listeners):
+                generations = self.policy.generate_stream(requests, dispatch)
+            else:
+                generations = self.policy.generate(requests)
             if len(generations) != len(batch):
                 raise RuntimeError(f"the policy returned {len(generations)} generations for {len(batch)} requests")
         except Exception as exc:  # a failing batch fails its requests, not the server
-            for _, future in batch:
+            for _, future, _ in batch:
                 future.set_exception(PolicyFailure(f"generation failed: {type(exc).__name__}: {exc}"))
             return
-        for (_, future), generation in zip(batch, generations, strict=True):
+        for (_, future, _), generation in zip(batch, generations, strict=True):
             future.set_result(generation)
 
 
@@ -248,14 +271,27 @@ class ServeEngine:
             session, thread = self.recorder.assign(request.messages, session)
         context = ServeContext(request.api, session, request.messages, request.tools, request.raw, request.prefill)
         futures = []
+        tokens: asyncio.Queue[tuple[int, list[int]]] | None = asyncio.Queue() if request.stream else None
+        loop = asyncio.get_running_loop()
         for choice in range(request.n):
             seed = None if request.seed is None else request.seed + choice
             params = SamplingParams(request.temperature, request.top_p, budget, self.stop_token_ids, seed)
-            futures.append(asyncio.wrap_future(self.batcher.submit(GenerationRequest(list(prompt.ids), params, context))))
+            on_tokens = None
+            if tokens is not None:
+
+                def on_tokens(ids: Sequence[int], choice: int = choice, tokens: asyncio.Queue = tokens) -> None:
+                    loop.call_soon_threadsafe(tokens.put_nowait, (choice, list(ids)))
+
+            generation_request = GenerationRequest(list(prompt.ids), params, context)
+            futures.append(asyncio.wrap_future(self.batcher.submit(generation_request, on_tokens)))
         task = asyncio.ensure_future(self._complete(request, session, thread, prompt, futures))
         # A stream whose client went away never awaits its task: retrieve its error anyway.
         task.add_done_callback(lambda done: done.cancelled() or done.exception())
-        return PendingCompletion(session, len(prompt), task)
+        return PendingCompletion(session, len(prompt), task, tokens)
+
+    def streamed_text(self, request: ParsedRequest) -> StreamedText:
+        """Returns the tracker of one choice's streamed text (see ``serve/streaming.py``)."""
+        return StreamedText(self.renderer.decode, self.stop_token_ids, request.stop, bool(request.tools))
 
     async def _complete(
         self, request: ParsedRequest, session: str | None, thread: int, prompt: RenderedPrompt,

@@ -6,8 +6,9 @@ blocks (``text``; ``tool_use`` from the assistant; ``tool_result`` with a string
 content, and ``is_error``; images and documents become a ``[image]``-style placeholder;
 ``thinking`` blocks are dropped); a ``system`` role mid-conversation; ``tools`` with
 ``input_schema`` (server tools without a schema are left out; ``tool_choice: {"type":
-"none"}`` leaves them all out); ``max_tokens``; ``stop_sequences``; ``temperature``;
-``top_p``; ``stream``; ``max_tokens`` is required (not by ``count_tokens``); a final assistant message (without tool calls) is a prefill: the
+"none"}`` leaves them all out, ``any`` or ``tool`` forces a call, see
+``engine.forced_call_prefix``); ``max_tokens``; ``stop_sequences``; ``temperature``;
+``top_p`` (``top_k`` is refused); ``stream``; ``max_tokens`` is required (not by ``count_tokens``); a final assistant message (without tool calls) is a prefill: the
 prompt ends with it and the answer holds only its continuation. The stream begins with ``message_start`` and ``ping`` events at once
 (and a ``ping`` whenever nothing came for a few seconds); the text block's
 ``content_block_start`` and ``text_delta`` events go out while the policy samples (see
@@ -134,6 +135,19 @@ def normalize_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
     return tools
 
 
+def forced_tool(choice: Any, tools: list[dict[str, Any]]) -> str | None:
+    """Returns the tool ``tool_choice`` forces (``any``: ``""``; ``tool``: its name; else
+    None); ``normalize_tools`` has checked its shape."""
+    if not isinstance(choice, dict) or choice.get("type") not in ("any", "tool"):
+        return None
+    if choice["type"] == "any":
+        return fields.forced_tool("", tools, "tool_choice")
+    name = choice.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest("tool_choice.name: a tool choice of type tool names the tool", "tool_choice.name")
+    return fields.forced_tool(name, tools, "tool_choice")
+
+
 def parse_messages_request(body: dict[str, Any], count_only: bool = False) -> ParsedRequest:
     """Returns the parsed request (raises ``InvalidRequest`` naming the bad field)."""
     fields.optional_str(body, "model")
@@ -151,11 +165,14 @@ def parse_messages_request(body: dict[str, Any], count_only: bool = False) -> Pa
     if body.get("max_tokens") is None:
         raise InvalidRequest("max_tokens: Field required", "max_tokens")
     fields.optional_int(body, "top_k", minimum=0)
+    # Top-k filtering is not in the policy's sampling parameters: refused, not ignored.
+    fields.refuse_unsupported(body, {"top_k": lambda value: False})
     temperature, top_p = fields.sampling(body, max_temperature=1.0)
     return ParsedRequest(
         api=API_MESSAGES,
         messages=messages,
         tools=tools,
+        forced_tool=forced_tool(body.get("tool_choice"), tools),
         max_tokens=fields.optional_int(body, "max_tokens", minimum=1),
         temperature=temperature,
         top_p=top_p,

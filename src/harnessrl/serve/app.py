@@ -308,7 +308,8 @@ def create_app(
 
     @app.get("/health", include_in_schema=False)
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": model, "batches": engine.batcher.batches, "requests": engine.batcher.requests}
+        return {"status": "ok", "model": model, "batches": engine.batcher.batches, "requests": engine.batcher.requests,
+                "undeclared_tool_calls": engine.undeclared_tool_calls}
 
     return app
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import json
+import logging
 import queue
 import threading
 import uuid
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from harnessrl.harness.chat import RenderedPrompt
-from harnessrl.harness.tools.tool_call import parse_completion
+from harnessrl.harness.tools.tool_call import TOOL_CALL_OPEN, parse_completion
 from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
 from harnessrl.serve.context import ServeContext
 from harnessrl.serve.prompt import PromptRenderer
@@ -30,6 +32,7 @@ from harnessrl.serve.recorder import ConversationRecorder
 from harnessrl.serve.streaming import StreamedText
 
 T = TypeVar("T")
+logger = logging.getLogger("harnessrl.serve")
 
 # Requests with less message text than this are rendered on the event loop (a thread hop
 # costs more than rendering them; earlier messages' ids are cached by the tokenizer).
@@ -74,6 +77,8 @@ class ParsedRequest:
     raw: dict[str, Any] = field(default_factory=dict)
     # the start of the answer, given by the client (an Anthropic final assistant message)
     prefill: str = ""
+    # the tool ``tool_choice`` forces: None (none forced), "" (any declared tool) or a name
+    forced_tool: str | None = None
     # what one API carries from parsing to its response (e.g. the Responses API's custom tools)
     state: dict[str, Any] = field(default_factory=dict)
 
@@ -235,6 +240,7 @@ class ServeEngine:
         self.default_max_tokens = default_max_tokens
         self.max_output_tokens = max_output_tokens
         self.batcher = PolicyBatcher(policy, max_batch_size=max_batch_size)
+        self.undeclared_tool_calls = 0  # completions whose calls named no declared tool
 
     def close(self) -> None:
         self.batcher.close()
@@ -264,7 +270,8 @@ class ServeEngine:
         ``ContextOverflow``) and queues it; returns at once with the task that finishes it
         (streams begin while the policy works)."""
         small = sum(len(m.get("content") or "") for m in request.messages) < INLINE_RENDER_CHARS
-        prompt = await self._tokenizing(small, self.renderer.render, request.messages, request.tools, request.prefill)
+        lead = request.prefill + forced_call_prefix(request.forced_tool)
+        prompt = await self._tokenizing(small, self.renderer.render, request.messages, request.tools, lead)
         budget = self.output_budget(request.max_tokens, len(prompt))
         thread = 0
         if self.recorder is not None:
@@ -291,7 +298,10 @@ class ServeEngine:
 
     def streamed_text(self, request: ParsedRequest) -> StreamedText:
         """Returns the tracker of one choice's streamed text (see ``serve/streaming.py``)."""
-        return StreamedText(self.renderer.decode, self.stop_token_ids, request.stop, bool(request.tools))
+        return StreamedText(
+            self.renderer.decode, self.stop_token_ids, request.stop, bool(request.tools),
+            lead=forced_call_prefix(request.forced_tool),
+        )
 
     async def _complete(
         self, request: ParsedRequest, session: str | None, thread: int, prompt: RenderedPrompt,
@@ -308,10 +318,11 @@ class ServeEngine:
         # What the client will send back: the prefill and its continuation as one message.
         content = request.prefill + first.content if request.prefill else first.content
         reply = {"role": "assistant", "content": content, "tool_calls": first.tool_calls}
-        if first.finish_reason != "stop_sequence" and not request.prefill:
+        if first.finish_reason != "stop_sequence" and not request.prefill and request.forced_tool is None:
             # Cut at a stop string, the ids hold text the client never saw (the stop string
-            # and what its last token carried); after a prefill, the message holds text the
-            # policy did not sample: such replies are rendered from their text next time.
+            # and what its last token carried); after a prefill or a forced tool call, the
+            # message holds text the policy did not sample: such replies are rendered from
+            # their text next time.
             self.renderer.remember(reply, first.token_ids)
         if self.recorder is not None and session is not None:
             record = functools.partial(
@@ -351,7 +362,16 @@ class ServeEngine:
                 text = text[:position]
                 keep = self._ids_covering(ids, position + len(matched))
                 ids, logprobs, finish = ids[:keep], logprobs[:keep], "stop_sequence"
+        # A forced tool call's opening is part of the answer, though it was not sampled.
+        text = forced_call_prefix(request.forced_tool) + text
         content, calls = parse_completion(text) if request.tools else (text, [])
+        declared = {tool["name"] for tool in request.tools}
+        undeclared = sorted({call["name"] for call in calls} - declared)
+        if undeclared:
+            # The client could not run it: the whole answer is text, as a malformed call is.
+            self.undeclared_tool_calls += 1
+            logger.warning("a completion called undeclared tools %s: returned as text", undeclared)
+            content, calls = text.strip(), []
         for call in calls:
             call["id"] = new_id("call_")
         if calls and finish != "length":
@@ -370,6 +390,19 @@ class ServeEngine:
             else:
                 low = middle + 1
         return high
+
+
+def forced_call_prefix(forced_tool: str | None) -> str:
+    """Returns the text a forced tool call starts the answer with, in the ``<tool_call>``
+    syntax the prompt teaches (``harness/tools/tool_call.py``): the opening tag and, for a
+    named tool, its name, so that the model only writes the arguments; ``""`` for any tool
+    (the model picks a name); nothing when no call is forced."""
+    if forced_tool is None:
+        return ""
+    opening = f'{TOOL_CALL_OPEN}\n{{"name": '
+    if not forced_tool:
+        return opening + '"'
+    return opening + json.dumps(forced_tool, ensure_ascii=False) + ', "arguments": '
 
 
 def _first_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:

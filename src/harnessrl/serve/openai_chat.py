@@ -3,9 +3,12 @@ object and its stream of ``chat.completion.chunk`` events.
 
 Supported: ``messages`` (system, developer, user, assistant with ``tool_calls``, tool, and
 the legacy function role), ``tools`` / legacy ``functions`` (``tool_choice: "none"`` leaves
-them out of the prompt), ``max_completion_tokens`` or ``max_tokens``, ``temperature``,
-``top_p``, ``n``, ``stop``, ``seed``, ``logprobs`` (the sampled token's log-probability;
-``top_logprobs`` lists are empty), ``stream`` with ``stream_options.include_usage``. A stream
+them out of the prompt; ``"required"`` or a named function starts the answer with the
+``<tool_call>`` opening, and the name, see ``engine.forced_call_prefix``; a call to an
+undeclared tool comes back as text), ``max_completion_tokens`` or ``max_tokens``,
+``temperature``, ``top_p``, ``n``, ``stop``, ``seed``, ``logprobs`` (the sampled token's
+log-probability; ``top_logprobs`` above 0, ``response_format`` other than text, a
+``logit_bias`` or a penalty are refused with a 400), ``stream`` with ``stream_options.include_usage``. A stream
 sends content deltas while the policy samples (token by token for a policy that decodes step
 by step, ``Policy.generate_stream``; held back where it may still change, see
 ``serve/streaming.py``), SSE comments (``: keep-alive``) when nothing came for a while, then
@@ -107,21 +110,32 @@ def parse_chat_request(body: dict[str, Any]) -> ParsedRequest:
     fields.optional_str(body, "model")
     fields.optional_str(body, "user")
     fields.optional_bool(body, "parallel_tool_calls", default=True)
-    fields.openai_tool_choice(body.get("tool_choice"))
     messages = normalize_messages(body.get("messages"))
+    tools = normalize_tools(body)
+    forced = fields.openai_tool_choice(body, tools)
     max_tokens = fields.optional_int(body, "max_completion_tokens", minimum=1)
     if max_tokens is None:
         max_tokens = fields.optional_int(body, "max_tokens", minimum=1)
     temperature, top_p = fields.sampling(body, max_temperature=2.0)
     fields.optional_bool(body, "logprobs")
     fields.optional_int(body, "top_logprobs", minimum=0, maximum=20)
+    # What the policy cannot do is refused, never ignored: it returns only the sampled
+    # token's log-probability, samples no constrained format and applies no penalties.
+    fields.refuse_unsupported(body, {
+        "top_logprobs": lambda value: value == 0,
+        "response_format": lambda value: isinstance(value, dict) and value.get("type") == "text",
+        "logit_bias": lambda value: value == {},
+        "presence_penalty": lambda value: value == 0,
+        "frequency_penalty": lambda value: value == 0,
+    })
     options = body.get("stream_options")
     if options is not None:
         fields.require_dict(options, "stream_options")
     return ParsedRequest(
         api=API_CHAT,
         messages=messages,
-        tools=normalize_tools(body),
+        tools=tools,
+        forced_tool=forced,
         max_tokens=max_tokens,
         temperature=temperature,
         top_p=top_p,

@@ -6,7 +6,9 @@ Supported: ``input`` as a string or items (messages with string or ``input_text`
 and ``custom_tool_call_output``; ``reasoning`` items are dropped), ``instructions``,
 ``tools`` of type ``function`` and ``custom`` (a custom tool is shown to the model as a
 function with one string argument ``input``; built-in tools are left out; ``tool_choice:
-"none"`` leaves them all out), ``max_output_tokens``, ``temperature``, ``top_p``,
+"none"`` leaves them all out, ``"required"`` or a named tool forces a call, see
+``engine.forced_call_prefix``; ``text.format`` other than text and ``top_logprobs`` are
+refused), ``max_output_tokens``, ``temperature``, ``top_p``,
 ``stream``, ``previous_response_id`` (the earlier request's input and output are kept in
 memory, the most recent ``ResponseStore.capacity`` of them). The stream begins with
 ``response.created`` and ``response.in_progress`` at once; the message item opens and its
@@ -137,18 +139,29 @@ def normalize_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]], set[str
     return tools, custom
 
 
+def _plain_text_format(text: Any) -> bool:
+    """Whether a ``text`` field asks for plain text (the only output format served)."""
+    if not isinstance(text, dict):
+        return True  # not an object: nothing asked for (the field is not otherwise read)
+    format_ = text.get("format")
+    return format_ is None or (isinstance(format_, dict) and format_.get("type") == "text")
+
+
 def parse_responses_request(body: dict[str, Any], store: ResponseStore) -> ParsedRequest:
     """Returns the parsed request (raises ``InvalidRequest`` naming the bad field)."""
     fields.optional_str(body, "model")
     fields.optional_dict(body, "metadata")
-    fields.openai_tool_choice(body.get("tool_choice"))
     messages = normalize_input(body, store)
     tools, custom = normalize_tools(body)
+    forced = fields.openai_tool_choice(body, tools)
+    # What the policy cannot do is refused, never ignored (see ``openai_chat``).
+    fields.refuse_unsupported(body, {"top_logprobs": lambda value: value == 0, "text": _plain_text_format})
     temperature, top_p = fields.sampling(body, max_temperature=2.0)
     return ParsedRequest(
         api=API_RESPONSES,
         messages=[{k: v for k, v in m.items() if k != "origin"} for m in messages],
         tools=tools,
+        forced_tool=forced,
         max_tokens=fields.optional_int(body, "max_output_tokens", minimum=1),
         temperature=temperature,
         top_p=top_p,

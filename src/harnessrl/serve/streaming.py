@@ -47,16 +47,17 @@ class StreamedText:
 
     def __init__(
         self, decode: Callable[[Sequence[int]], str], stop_token_ids: Sequence[int],
-        stops: Sequence[str], tools: bool,
+        stops: Sequence[str], tools: bool, lead: str = "",
     ) -> None:
         self.decode, self.stop_token_ids, self.stops, self.tools = decode, frozenset(stop_token_ids), list(stops), tools
+        self.lead = lead  # text the answer starts with that was not sampled (a forced tool call)
         self.ids: list[int] = []
         self.sent = ""
 
     def add(self, ids: Sequence[int]) -> str:
         self.ids.extend(ids)
         ended = bool(self.ids) and self.ids[-1] in self.stop_token_ids
-        final = self._final_prefix(self.decode(self.ids[:-1] if ended else self.ids))
+        final = self._final_prefix(self.lead + self.decode(self.ids[:-1] if ended else self.ids))
         if len(final) <= len(self.sent) or not final.startswith(self.sent):
             return ""
         delta, self.sent = final[len(self.sent) :], final

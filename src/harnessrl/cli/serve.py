@@ -72,11 +72,31 @@ def checkpoint_model_folder(path: str) -> Path:
     raise FileNotFoundError(f"--checkpoint {path!r} holds no model (no config.json in it, its model/ or checkpoints/)")
 
 
+def checkpoint_name(model_folder: Path) -> str:
+    """Returns the policy name a checkpoint is recorded under: ``checkpoint:<run>/step-N``
+    for a run's step (``<run>/checkpoints/step-N/model``), else ``checkpoint:<folder>``."""
+    folder = model_folder.resolve()
+    base = folder.parent if folder.name == "model" else folder
+    if base.name.startswith("step-"):
+        run = base.parent.parent if base.parent.name == "checkpoints" else base.parent
+        return f"checkpoint:{run.name}/{base.name}"
+    return f"checkpoint:{base.name}"
+
+
+def checkpoint_policy(path: str) -> Policy:
+    """Returns an ``HFPolicy`` over the checkpoint at ``path`` (see ``checkpoint_model_folder``),
+    named after its run and step (``checkpoint_name``)."""
+    from harnessrl.policy.hf import HFPolicy
+
+    folder = checkpoint_model_folder(path)
+    policy = HFPolicy(folder)
+    policy.name = checkpoint_name(folder)
+    return policy
+
+
 def load_policy(args: argparse.Namespace) -> Policy:
     if args.checkpoint:
-        from harnessrl.policy.hf import HFPolicy
-
-        return HFPolicy(checkpoint_model_folder(args.checkpoint))
+        return checkpoint_policy(args.checkpoint)
     if args.policy == "oracle":
         raise ValueError(
             "the oracle replays gold solutions inside harnessrl episodes and cannot answer API "

@@ -142,8 +142,11 @@ def evaluate(
         # External agent programs run against the served policy (harnessrl.external).
         from harnessrl.external.run import ExternalConfig, evaluate_external_targets
 
-        trajectories += evaluate_external_targets(
-            external_names, policy, tasks, k=k, config=external or ExternalConfig(backend=backend))
+        # The evaluation's own limits hold for the agents too: its output limit per request
+        # and its turn limit (the agent's step limit), unless a run config is given.
+        default = ExternalConfig(backend=backend, max_tokens=max_new_tokens,
+                                 max_steps=limits.max_turns if limits is not None else ExternalConfig.max_steps)
+        trajectories += evaluate_external_targets(external_names, policy, tasks, k=k, config=external or default)
     groups = {t.name: t.group or ("external" if t.name in external_names else "") for t in targets}
     groups = {name: group for name, group in groups.items() if group}
     result = score_trajectories(trajectories, k, groups, design)

@@ -241,6 +241,8 @@ class ServeEngine:
         self.max_output_tokens = max_output_tokens
         self.batcher = PolicyBatcher(policy, max_batch_size=max_batch_size)
         self.undeclared_tool_calls = 0  # completions whose calls named no declared tool
+        # per named session, the last prompt refused for the context: (prompt tokens, context)
+        self.context_overflows: dict[str, tuple[int, int]] = {}
 
     def close(self) -> None:
         self.batcher.close()
@@ -272,7 +274,12 @@ class ServeEngine:
         small = sum(len(m.get("content") or "") for m in request.messages) < INLINE_RENDER_CHARS
         lead = request.prefill + forced_call_prefix(request.forced_tool)
         prompt = await self._tokenizing(small, self.renderer.render, request.messages, request.tools, lead)
-        budget = self.output_budget(request.max_tokens, len(prompt))
+        try:
+            budget = self.output_budget(request.max_tokens, len(prompt))
+        except ContextOverflow as overflow:
+            if session is not None:  # what an external run reports as its error
+                self.context_overflows[session] = (overflow.prompt_tokens, overflow.limit)
+            raise
         thread = 0
         if self.recorder is not None:
             session, thread = self.recorder.assign(request.messages, session)

@@ -92,3 +92,15 @@ def test_checkpoint_policy_is_named_after_its_run_and_step(tiny_model, tmp_path:
     step = tmp_path / "my-run" / "checkpoints" / "step-7"
     shutil.copytree(tiny_model, step / "model")
     assert checkpoint_policy(str(step)).name == "checkpoint:my-run/step-7"
+
+
+def test_eval_limits_reach_ext_targets(mini_swe_agent, task, tiny_model):
+    from harnessrl.eval.evaluate import evaluate
+    from harnessrl.harness.harness import HarnessLimits
+
+    policy = HFPolicy(tiny_model, device="cpu")
+    result = evaluate(policy, ["ext:mini-swe-agent"], [task], limits=HarnessLimits(max_turns=2), max_new_tokens=8)
+    [trajectory] = result.trajectories
+    assert trajectory.config == "ext:mini-swe-agent" and trajectory.turns
+    assert all(0 < len(turn.completion_ids) <= 8 for turn in trajectory.turns)  # --max-new-tokens
+    assert len(trajectory.turns) <= 2  # --max-turns: the agent's own step limit

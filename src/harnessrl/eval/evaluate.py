@@ -141,10 +141,13 @@ def evaluate(
     if external_names:
         # External agent programs run against the served policy (harnessrl.external).
         from harnessrl.external.run import ExternalConfig, evaluate_external_targets
+        from harnessrl.harness.chat import ByteTokenizer
 
         # The evaluation's own limits hold for the agents too: its output limit per request
-        # and its turn limit (the agent's step limit), unless a run config is given.
-        default = ExternalConfig(backend=backend, max_tokens=max_new_tokens,
+        # (sized for model tokens: scripted policies, which write whole commands byte by byte,
+        # keep the server's default) and its turn limit as the agent's step limit.
+        bytewise = isinstance(getattr(policy, "tokenizer", None), ByteTokenizer)
+        default = ExternalConfig(backend=backend, max_tokens=None if bytewise else max_new_tokens,
                                  max_steps=limits.max_turns if limits is not None else ExternalConfig.max_steps)
         trajectories += evaluate_external_targets(external_names, policy, tasks, k=k, config=external or default)
     groups = {t.name: t.group or ("external" if t.name in external_names else "") for t in targets}

@@ -1,7 +1,7 @@
 """External runs with a real (tiny) transformers model behind the server: a run cut by its
 time limit ends cleanly with what was recorded kept and is reported as it ends; a prompt over
 the model's context is reported as what it is; the evaluation's limits reach ``ext:``
-targets; a checkpoint's policy is named after its run and step."""
+targets."""
 
 from __future__ import annotations
 
@@ -82,16 +82,6 @@ def test_a_model_on_cpu_gets_a_cpu_sized_output_limit(tiny_model):
         assert server.max_tokens == CPU_MAX_TOKENS
     finally:
         server.close()
-
-
-def test_checkpoint_policy_is_named_after_its_run_and_step(tiny_model, tmp_path: Path):
-    import shutil
-
-    from harnessrl.cli.serve import checkpoint_policy
-
-    step = tmp_path / "my-run" / "checkpoints" / "step-7"
-    shutil.copytree(tiny_model, step / "model")
-    assert checkpoint_policy(str(step)).name == "checkpoint:my-run/step-7"
 
 
 def test_eval_limits_reach_ext_targets(mini_swe_agent, task, tiny_model):

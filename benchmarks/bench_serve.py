@@ -18,7 +18,13 @@ is a fast scripted one by default, so that the server's own cost is what is meas
 ``--model`` uses the embedded SmolLM2 (CPU) with ``--max-tokens`` output tokens instead.
 The last line is ``ratio: X`` = median server latency / median direct latency.
 
+``--ttft`` measures streaming instead: ``--samples`` streamed chat requests (the official
+``openai`` client, no tools, so the answer is text) with the embedded model, each timed to its
+first content delta (time to first token) and to its last; the last line is ``ttft_ratio: X``
+= median time to first token / median total time (1.0 when nothing streams before the end).
+
     python benchmarks/bench_serve.py [--samples 200] [--concurrency 8] [--requests 400] [--model]
+    python benchmarks/bench_serve.py --ttft [--samples 5] [--max-tokens 64]
 """
 
 from __future__ import annotations
@@ -77,6 +83,36 @@ def load_policy(use_model: bool):
     return CallbackPolicy(lambda context: ANSWER, name="scripted")
 
 
+def time_to_first_token(samples: int, max_tokens: int) -> None:
+    """Prints the median time to the first streamed content delta and to the end of the stream."""
+    policy = load_policy(True)
+    app = create_app(policy, model_name="bench", recorder=ConversationRecorder())
+    first_s, total_s, deltas = [], [], []
+    with ServerThread(app) as server:
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+        for index in range(samples + 1):  # the first is a warm-up
+            started = time.perf_counter()
+            first, count = None, 0
+            stream = client.chat.completions.create(model="bench", messages=messages(index), max_tokens=max_tokens,
+                                                    temperature=0.0, stream=True)
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    first = first if first is not None else time.perf_counter() - started
+                    count += 1
+            if index:
+                first_s.append(first if first is not None else time.perf_counter() - started)
+                total_s.append(time.perf_counter() - started)
+                deltas.append(count)
+    first_ms, total_ms = statistics.median(first_s) * 1e3, statistics.median(total_s) * 1e3
+    print(f"machine: {platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"policy: {policy.name}, max_tokens {max_tokens}, {samples} streamed requests, "
+          f"median {statistics.median(deltas):.0f} content deltas each")
+    print(f"time to first token      median {first_ms:9.1f} ms")
+    print(f"time to last token       median {total_ms:9.1f} ms")
+    print(f"ttft_ratio: {first_ms / total_ms:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=200, help="sequential samples per path")
@@ -84,7 +120,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400, help="requests in the throughput run")
     parser.add_argument("--model", action="store_true", help="use the embedded SmolLM2 instead of a scripted policy")
     parser.add_argument("--max-tokens", type=int, default=None, help="output tokens per request (default: 256 scripted, 16 model)")
+    parser.add_argument("--ttft", action="store_true", help="measure time to first streamed token with the embedded model")
     args = parser.parse_args()
+    if args.ttft:
+        time_to_first_token(min(args.samples, 20), args.max_tokens or 64)
+        return
     args.max_tokens = args.max_tokens or (16 if args.model else 256)
 
     policy = load_policy(args.model)

@@ -58,6 +58,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model", default="harnessrl", help="model name the agent is told to use")
     p.add_argument("--max-steps", type=int, default=40, help="the agent's own step limit")
     p.add_argument("--time-limit", type=float, default=900.0, help="seconds per agent run")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="output limit of requests that name none (default: 1024 on CPU, 4096 on a GPU;"
+                   " 65536 for gold replay)")
+    p.add_argument("--checkpoint", default=None,
+                   help="serve a trained checkpoint (a run folder, a step-* folder or a model folder)"
+                   " instead of --policy")
     p.add_argument("--backend", default="auto", help="sandbox backend: auto, bwrap, unshare")
     p.add_argument("--log-dir", default=None, help="keep each run's agent logs here")
     p.add_argument("--out", default=None, help="write trajectories to this JSONL file")
@@ -129,10 +135,15 @@ def run_run(args: argparse.Namespace) -> int:
     tasks = list(suite.tasks(args.split, limit=args.limit, seed=args.seed))
     if not tasks:
         raise ValueError(f"suite {args.suite!r} split {args.split!r} has no tasks")
-    policy = (GoldReplayPolicy(tasks) if args.policy == "gold"
-              else policy_for_external(policy_from_spec(args.policy, args.seed), tasks))
+    if args.checkpoint:
+        from harnessrl.cli.serve import checkpoint_policy
+
+        policy = checkpoint_policy(args.checkpoint)
+    else:
+        policy = (GoldReplayPolicy(tasks) if args.policy == "gold"
+                  else policy_for_external(policy_from_spec(args.policy, args.seed), tasks))
     config = ExternalConfig(model=args.model, max_steps=args.max_steps, time_limit_s=args.time_limit,
-                            backend=args.backend, log_dir=args.log_dir)
+                            backend=args.backend, log_dir=args.log_dir, max_tokens=args.max_tokens)
     total = len(tasks) * args.k
     finished: list[Trajectory] = []
 

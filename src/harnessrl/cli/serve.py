@@ -66,17 +66,34 @@ def checkpoint_model_folder(path: str) -> Path:
             return candidate
         if (candidate / "adapter_config.json").is_file():
             raise ValueError(
-                f"--checkpoint {path!r} is a LoRA checkpoint (an adapter only); serving adapters is "
-                "not supported yet: merge it into its base model (peft merge_and_unload) and pass that folder"
+                f"--checkpoint {path!r} is a LoRA adapter outside a run's checkpoint: pass the run "
+                "folder or its step-* folder (they name the base model), or merge it into its base "
+                "model (peft merge_and_unload) and pass that folder"
             )
     raise FileNotFoundError(f"--checkpoint {path!r} holds no model (no config.json in it, its model/ or checkpoints/)")
 
 
+def checkpoint_policy(path: str) -> Policy:
+    """Returns the policy of a checkpoint: a run's checkpoint (a run folder or a ``step-*``
+    folder) loads with ``rl.checkpoint.load_checkpoint_policy`` (named after its run and
+    step; a LoRA adapter is served unmerged, over its base model), any other model folder
+    (``checkpoint_model_folder``) as an ``HFPolicy`` named after the folder."""
+    from harnessrl.policy.hf import HFPolicy
+    from harnessrl.rl.checkpoint import load_checkpoint_policy, resolve_checkpoint
+
+    try:
+        resolve_checkpoint(path)
+    except FileNotFoundError:
+        folder = checkpoint_model_folder(path)
+        policy = HFPolicy(folder)
+        policy.name = f"checkpoint:{(folder.parent if folder.name == 'model' else folder).name}"
+        return policy
+    return load_checkpoint_policy(path, merge_adapter=False)[0]
+
+
 def load_policy(args: argparse.Namespace) -> Policy:
     if args.checkpoint:
-        from harnessrl.policy.hf import HFPolicy
-
-        return HFPolicy(checkpoint_model_folder(args.checkpoint))
+        return checkpoint_policy(args.checkpoint)
     if args.policy == "oracle":
         raise ValueError(
             "the oracle replays gold solutions inside harnessrl episodes and cannot answer API "

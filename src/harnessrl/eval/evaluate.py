@@ -141,9 +141,15 @@ def evaluate(
     if external_names:
         # External agent programs run against the served policy (harnessrl.external).
         from harnessrl.external.run import ExternalConfig, evaluate_external_targets
+        from harnessrl.harness.chat import ByteTokenizer
 
-        trajectories += evaluate_external_targets(
-            external_names, policy, tasks, k=k, config=external or ExternalConfig(backend=backend))
+        # The evaluation's own limits hold for the agents too: its output limit per request
+        # (sized for model tokens: scripted policies, which write whole commands byte by byte,
+        # keep the server's default) and its turn limit as the agent's step limit.
+        bytewise = isinstance(getattr(policy, "tokenizer", None), ByteTokenizer)
+        default = ExternalConfig(backend=backend, max_tokens=None if bytewise else max_new_tokens,
+                                 max_steps=limits.max_turns if limits is not None else ExternalConfig.max_steps)
+        trajectories += evaluate_external_targets(external_names, policy, tasks, k=k, config=external or default)
     groups = {t.name: t.group or ("external" if t.name in external_names else "") for t in targets}
     groups = {name: group for name, group in groups.items() if group}
     result = score_trajectories(trajectories, k, groups, design)

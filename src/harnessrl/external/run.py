@@ -77,7 +77,8 @@ class ExternalConfig:
         log_dir: keep each run's agent logs under ``log_dir/<agent>/<session>/``.
         max_tokens: the server's output limit for requests that name none (litellm sends
             none); None: 65,536 for policies that write bytewise (scripted ones write whole
-            gold commands), else 4,096.
+            gold commands), 4,096 for a model on a GPU, else 1,024 (a CPU samples a few
+            tokens a second: 4,096 would hold one request for many minutes).
     """
 
     model: str = "harnessrl"
@@ -102,6 +103,18 @@ class ExternalConfig:
                 " external agent always runs in a real sandbox: 'none' cannot mount its folders)")
 
 
+CPU_MAX_TOKENS, GPU_MAX_TOKENS, BYTEWISE_MAX_TOKENS = 1024, 4096, 1 << 16
+
+
+def default_max_tokens(policy: Policy, bytewise: type) -> int:
+    """Returns the output limit of requests that name none (see ``ExternalConfig.max_tokens``):
+    scripted policies (tokenizer ``bytewise``) write whole commands byte by byte."""
+    if isinstance(getattr(policy, "tokenizer", None), bytewise):
+        return BYTEWISE_MAX_TOKENS
+    device = getattr(policy, "device", None)
+    return GPU_MAX_TOKENS if getattr(device, "type", None) == "cuda" else CPU_MAX_TOKENS
+
+
 class AgentServer:
     """`harnessrl serve` over ``policy`` on a Unix socket that sandboxes can mount (see the
     module docstring); a context manager. ``recorder`` holds every session's requests."""
@@ -117,8 +130,9 @@ class AgentServer:
         os.chmod(self.folder, 0o755)  # the sandbox user connects to the socket in it
         shutil.copyfile(RELAY_SOURCE, self.folder / "relay.py")
         os.chmod(self.folder / "relay.py", 0o644)
-        if max_tokens is None:  # scripted policies write whole commands byte by byte
-            max_tokens = 1 << 16 if isinstance(getattr(policy, "tokenizer", None), ByteTokenizer) else 4096
+        if max_tokens is None:
+            max_tokens = default_max_tokens(policy, ByteTokenizer)
+        self.max_tokens = max_tokens
         self.app = create_app(policy, model_name=model_name, api_key=self.api_key,
                               recorder=self.recorder, default_max_tokens=max_tokens)
         self._thread: Any = None
@@ -260,12 +274,16 @@ def run_task(agent: ExternalAgent, task: Task, server: AgentServer, config: Exte
         "duration_s": round(time.monotonic() - started, 3),
         "logs": log_path,
     }
-    status = _status(result, ended, error)
+    overflow = server.app.state.engine.context_overflows.pop(session, None)
+    if overflow is not None:  # the real cause, whatever the agent made of the refusal
+        error = f"prompt {overflow[0]} tokens > context {overflow[1]}" + (f"; {error}" if error else "")
+    status = "error" if overflow is not None else _status(result, ended, error)
     if session in server.recorder.sessions():
         trajectory = server.recorder.to_trajectory(
             session, task_id=task.id, config=f"ext:{agent.name}", harness=agent.name, passed=passed,
             status=status, metrics=metrics,
         )
+        server.recorder.end(session)  # its records leave memory: the recorder stays bounded
     else:  # the agent never reached the server
         trajectory = Trajectory(
             task_id=task.id, config=f"ext:{agent.name}", harness=agent.name, passed=passed,

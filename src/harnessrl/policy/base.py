@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -146,6 +146,12 @@ def triage_requests(
     return results, runnable
 
 
+TokenSink = Callable[[int, Sequence[int]], None]
+"""Receives ``(index, ids)``: ids that request ``index`` of a ``generate_stream`` batch sampled
+since the last call for it, in order (the concatenation of one request's calls is its
+generation's ``token_ids``)."""
+
+
 class Policy(ABC):
     """Anything that completes token-id prompts: scripted, transformers, an inference server."""
 
@@ -155,6 +161,17 @@ class Policy(ABC):
     @abstractmethod
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Returns one generation per request, in order."""
+
+    def generate_stream(self, requests: Sequence[GenerationRequest], on_tokens: TokenSink) -> list[Generation]:
+        """Returns what ``generate`` returns, handing each request's ids to ``on_tokens`` as
+        they are sampled (what ``harnessrl serve`` streams). This default hands over each
+        whole completion at the end; a policy that decodes step by step (``HFPolicy``)
+        overrides it to hand over every token as it is sampled."""
+        generations = self.generate(requests)
+        for index, generation in enumerate(generations):
+            if generation.token_ids:
+                on_tokens(index, generation.token_ids)
+        return generations
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Releases resources (model memory, connections)."""

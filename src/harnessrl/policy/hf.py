@@ -82,6 +82,7 @@ from harnessrl.policy.base import (
     Generation,
     GenerationRequest,
     SamplingParams,
+    TokenSink,
     WeightSyncedPolicy,
     triage_requests,
 )
@@ -185,6 +186,14 @@ class HFPolicy(WeightSyncedPolicy):
             self._drop_stale_prefix_cache()
             return self._generate_locked(requests)
 
+    def generate_stream(self, requests: Sequence[GenerationRequest], on_tokens: TokenSink) -> list[Generation]:
+        """Returns what ``generate`` returns, handing every sampled token to ``on_tokens``
+        (with its request's index) right after the decode step that sampled it; the tokens,
+        log-probs and batching are those of ``generate``."""
+        with self._lock:
+            self._drop_stale_prefix_cache()
+            return self._generate_locked(requests, on_tokens)
+
     def clear_prefix_cache(self) -> None:
         """Drops every cached prefix; call it whenever the model's weights change."""
         with self._lock:
@@ -225,8 +234,10 @@ class HFPolicy(WeightSyncedPolicy):
             self.cache_stats.invalidations += 1
         self._weights_seen = seen
 
-    def _generate_locked(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        """``generate`` under the lock."""
+    def _generate_locked(
+        self, requests: Sequence[GenerationRequest], on_tokens: TokenSink | None = None
+    ) -> list[Generation]:
+        """``generate`` under the lock (``on_tokens``: see ``generate_stream``)."""
         results, runnable = triage_requests(
             requests, context_length=self.context_length, vocab_size=self.vocab_size
         )
@@ -236,8 +247,14 @@ class HFPolicy(WeightSyncedPolicy):
         runnable.sort(key=lambda index: len(requests[index].prompt_ids), reverse=True)
         for start in range(0, len(runnable), self.max_batch_size):
             chunk = runnable[start : start + self.max_batch_size]
+            sink: TokenSink | None = None
+            if on_tokens is not None:
+
+                def sink(row: int, ids: Sequence[int], chunk: list[int] = chunk) -> None:
+                    on_tokens(chunk[row], ids)
+
             try:
-                generations = self._generate_batch([requests[index] for index in chunk])
+                generations = self._generate_batch([requests[index] for index in chunk], sink)
             except Exception as exc:  # one failing batch must not take the others down
                 message = f"generation failed: {type(exc).__name__}: {exc}"
                 generations = [Generation([], [], "error", error=message) for _ in chunk]
@@ -327,10 +344,13 @@ class HFPolicy(WeightSyncedPolicy):
         return tokens.tolist(), token_logprobs.tolist()
 
     @torch.inference_mode()
-    def _generate_batch(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+    def _generate_batch(
+        self, requests: Sequence[GenerationRequest], on_tokens: TokenSink | None = None
+    ) -> list[Generation]:
         """Samples one batch: prefill (cached prefixes reused), then one token per step for
         every row still running; rows that finish leave the batch and, with the prefix cache
-        on, leave their prompt and completion KV in it."""
+        on, leave their prompt and completion KV in it. ``on_tokens(row, [token])`` hears of
+        every token once it is sampled."""
         rows = len(requests)
         prompts = [list(request.prompt_ids) for request in requests]
         prompt_lengths = [len(prompt) for prompt in prompts]
@@ -377,6 +397,8 @@ class HFPolicy(WeightSyncedPolicy):
                 token = sampled[batch_row]
                 token_ids[row].append(token)
                 token_logprobs[row].append(sampled_logprobs[batch_row])
+                if on_tokens is not None:
+                    on_tokens(row, [token])
                 if token in stop_ids[row]:
                     finish_reasons[row] = "stop"
                 elif len(token_ids[row]) < budgets[row]:

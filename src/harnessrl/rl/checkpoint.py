@@ -263,12 +263,16 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, Path | None]:
     return checkpoint, path
 
 
-def load_checkpoint_policy(path: str | Path, device: str = "auto", dtype: str = "auto") -> tuple[Any, dict[str, Any]]:
-    """Returns (policy, run config as a dict, or {}) for a run's checkpoint.
+def load_checkpoint_policy(
+    path: str | Path, device: str = "auto", dtype: str = "auto", merge_adapter: bool = True
+) -> tuple[Any, dict[str, Any]]:
+    """Returns (policy, run config as a dict, or {}) for a run's checkpoint, named
+    ``checkpoint:<run>/<step>``.
 
     A full fine-tune checkpoint loads as it is; a LoRA checkpoint (``adapter_config.json``)
     loads its base model (the run config's ``model``, else the adapter's own record of it)
-    and merges the adapter into it for evaluation.
+    and merges the adapter into it (``merge_adapter``: evaluation), or samples through the
+    unmerged adapter (``harnessrl serve``: no merged copy of the weights is written or held).
     """
     from harnessrl.policy.hf import HFPolicy
 
@@ -287,6 +291,7 @@ def load_checkpoint_policy(path: str | Path, device: str = "auto", dtype: str = 
             raise ValueError(f"{checkpoint} holds a LoRA adapter; loading it needs peft: pip install 'harnessrl[lora]'") from None
         base = config.get("model") or json.loads(adapter.read_text(encoding="utf-8")).get("base_model_name_or_path")
         policy = HFPolicy(None if base in (None, "embedded") else base, device=device, dtype=dtype)
-        policy.model = PeftModel.from_pretrained(policy.model, str(model_dir)).merge_and_unload().eval()
+        adapted = PeftModel.from_pretrained(policy.model, str(model_dir))
+        policy.model = (adapted.merge_and_unload() if merge_adapter else adapted).eval()
     policy.name = f"checkpoint:{checkpoint.parent.parent.name if run_dir else checkpoint.name}/{checkpoint.name}"
     return policy, config

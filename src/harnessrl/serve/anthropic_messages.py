@@ -6,11 +6,14 @@ blocks (``text``; ``tool_use`` from the assistant; ``tool_result`` with a string
 content, and ``is_error``; images and documents become a ``[image]``-style placeholder;
 ``thinking`` blocks are dropped); a ``system`` role mid-conversation; ``tools`` with
 ``input_schema`` (server tools without a schema are left out; ``tool_choice: {"type":
-"none"}`` leaves them all out); ``max_tokens``; ``stop_sequences``; ``temperature``;
-``top_p``; ``stream``; ``max_tokens`` is required (not by ``count_tokens``); a final assistant message (without tool calls) is a prefill: the
+"none"}`` leaves them all out, ``any`` or ``tool`` forces a call, see
+``engine.forced_call_prefix``); ``max_tokens``; ``stop_sequences``; ``temperature``;
+``top_p`` (``top_k`` is refused); ``stream``; ``max_tokens`` is required (not by ``count_tokens``); a final assistant message (without tool calls) is a prefill: the
 prompt ends with it and the answer holds only its continuation. The stream begins with ``message_start`` and ``ping`` events at once
-(and a ``ping`` every few seconds while the policy works); once the completion is known,
-per block ``content_block_start`` / deltas (``text_delta``, ``input_json_delta``) /
+(and a ``ping`` whenever nothing came for a few seconds); the text block's
+``content_block_start`` and ``text_delta`` events go out while the policy samples (see
+``serve/streaming.py``); once the completion is known, the rest: per block
+``content_block_start`` / deltas (``text_delta``, ``input_json_delta``) /
 ``content_block_stop``, then ``message_delta`` with the stop reason and ``message_stop``
 (or an ``error`` event when the policy failed).
 """
@@ -18,13 +21,13 @@ per block ``content_block_start`` / deltas (``text_delta``, ``input_json_delta``
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from harnessrl.serve import fields
 from harnessrl.serve.context import API_MESSAGES
 from harnessrl.serve.engine import Completion, CompletionSet, InvalidRequest, ParsedRequest, new_id
-from harnessrl.serve.streaming import text_pieces
+from harnessrl.serve.streaming import text_pieces, unsent
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "stop_sequence": "stop_sequence", "tool_calls": "tool_use"}
 IGNORED_BLOCKS = ("thinking", "redacted_thinking")
@@ -132,6 +135,19 @@ def normalize_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
     return tools
 
 
+def forced_tool(choice: Any, tools: list[dict[str, Any]]) -> str | None:
+    """Returns the tool ``tool_choice`` forces (``any``: ``""``; ``tool``: its name; else
+    None); ``normalize_tools`` has checked its shape."""
+    if not isinstance(choice, dict) or choice.get("type") not in ("any", "tool"):
+        return None
+    if choice["type"] == "any":
+        return fields.forced_tool("", tools, "tool_choice")
+    name = choice.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest("tool_choice.name: a tool choice of type tool names the tool", "tool_choice.name")
+    return fields.forced_tool(name, tools, "tool_choice")
+
+
 def parse_messages_request(body: dict[str, Any], count_only: bool = False) -> ParsedRequest:
     """Returns the parsed request (raises ``InvalidRequest`` naming the bad field)."""
     fields.optional_str(body, "model")
@@ -149,11 +165,14 @@ def parse_messages_request(body: dict[str, Any], count_only: bool = False) -> Pa
     if body.get("max_tokens") is None:
         raise InvalidRequest("max_tokens: Field required", "max_tokens")
     fields.optional_int(body, "top_k", minimum=0)
+    # Top-k filtering is not in the policy's sampling parameters: refused, not ignored.
+    fields.refuse_unsupported(body, {"top_k": lambda value: False})
     temperature, top_p = fields.sampling(body, max_temperature=1.0)
     return ParsedRequest(
         api=API_MESSAGES,
         messages=messages,
         tools=tools,
+        forced_tool=forced_tool(body.get("tool_choice"), tools),
         max_tokens=fields.optional_int(body, "max_tokens", minimum=1),
         temperature=temperature,
         top_p=top_p,
@@ -212,27 +231,47 @@ def message_stream_start(message_id: str, model: str, prompt_tokens: int) -> lis
     return [sse_event("message_start", {"type": "message_start", "message": start}), PING]
 
 
-def message_stream_rest(result: CompletionSet) -> Iterator[str]:
-    """Yields the content blocks' events, then ``message_delta`` and ``message_stop``."""
-    choice = result.choices[0]
-    for index, block in enumerate(_blocks(choice)):
-        if block["type"] == "text":
-            opening: dict[str, Any] = {"type": "text", "text": ""}
-            deltas = [{"type": "text_delta", "text": piece} for piece in text_pieces(block["text"])]
-        else:
-            opening = {**block, "input": {}}
-            arguments = json.dumps(block["input"], ensure_ascii=False)
-            deltas = [{"type": "input_json_delta", "partial_json": piece} for piece in text_pieces(arguments)]
-        yield sse_event("content_block_start", {"type": "content_block_start", "index": index, "content_block": opening})
-        for delta in deltas:
-            yield sse_event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
-        yield sse_event("content_block_stop", {"type": "content_block_stop", "index": index})
-    yield sse_event("message_delta", {
-        "type": "message_delta",
-        "delta": {"stop_reason": STOP_REASONS[choice.finish_reason], "stop_sequence": choice.stop_sequence},
-        "usage": {"output_tokens": len(choice.token_ids)},
-    })
-    yield sse_event("message_stop", {"type": "message_stop"})
+class MessageStream:
+    """The content events of one streamed message: text deltas of block 0 while the policy
+    samples (``delta``), then the rest of the blocks, ``message_delta`` and ``message_stop``
+    (``rest``)."""
+
+    def __init__(self) -> None:
+        self.text_open = False  # whether block 0 (text) has started
+
+    def delta(self, index: int, text: str) -> Iterator[str]:
+        """Yields the events of ``text`` sampled while the policy works (``index``: the
+        choice, always 0 here)."""
+        if not self.text_open:
+            self.text_open = True
+            opening = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+            yield sse_event("content_block_start", opening)
+        yield sse_event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}})
+
+    def rest(self, result: CompletionSet, sent: Sequence[str]) -> Iterator[str]:
+        """Yields the events after generation; ``sent`` holds the text already streamed."""
+        choice = result.choices[0]
+        for index, block in enumerate(_blocks(choice)):
+            started = index == 0 and self.text_open
+            if block["type"] == "text":
+                opening: dict[str, Any] = {"type": "text", "text": ""}
+                remainder = unsent(block["text"], sent[0] if started and sent else "")
+                deltas = [{"type": "text_delta", "text": piece} for piece in text_pieces(remainder)]
+            else:
+                opening = {**block, "input": {}}
+                arguments = json.dumps(block["input"], ensure_ascii=False)
+                deltas = [{"type": "input_json_delta", "partial_json": piece} for piece in text_pieces(arguments)]
+            if not started:
+                yield sse_event("content_block_start", {"type": "content_block_start", "index": index, "content_block": opening})
+            for delta in deltas:
+                yield sse_event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+            yield sse_event("content_block_stop", {"type": "content_block_stop", "index": index})
+        yield sse_event("message_delta", {
+            "type": "message_delta",
+            "delta": {"stop_reason": STOP_REASONS[choice.finish_reason], "stop_sequence": choice.stop_sequence},
+            "usage": {"output_tokens": len(choice.token_ids)},
+        })
+        yield sse_event("message_stop", {"type": "message_stop"})
 
 
 def stream_error(message: str) -> str:

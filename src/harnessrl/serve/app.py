@@ -34,6 +34,7 @@ from harnessrl.serve.engine import (
     CompletionSet,
     ContextOverflow,
     InvalidRequest,
+    ParsedRequest,
     PendingCompletion,
     PolicyFailure,
     ServeEngine,
@@ -184,29 +185,51 @@ def create_app(
 
     def sse(
         pending: PendingCompletion,
+        parsed: ParsedRequest,
         head: list[str],
-        rest: Callable[[CompletionSet], Iterator[str]],
+        delta: Callable[[int, str], Iterator[str]],
+        rest: Callable[[CompletionSet, list[str]], Iterator[str]],
         keepalive: str,
         failed: Callable[[str], str],
     ) -> StreamingResponse:
-        """Returns a stream that sends ``head`` at once, ``keepalive`` every
-        ``stream_keepalive_s`` while the policy works, then ``rest(result)`` (or
-        ``failed(message)`` when the policy failed): a slow model never leaves a client
-        waiting on a silent connection."""
+        """Returns a stream that sends ``head`` at once, then ``delta(choice, text)`` for each
+        piece of text that became final while the policy samples (see ``serve/streaming.py``),
+        ``keepalive`` whenever ``stream_keepalive_s`` passed with nothing to send, and at the
+        end ``rest(result, sent)`` (or ``failed(message)`` when the policy failed): a slow
+        model never leaves a client waiting on a silent connection."""
 
         async def events() -> AsyncIterator[str]:
             for event in head:
                 yield event
+            texts = [engine.streamed_text(parsed) for _ in range(parsed.n)]
+            tokens = pending.tokens
             while not pending.task.done():
-                await asyncio.wait({pending.task}, timeout=stream_keepalive_s)
-                if not pending.task.done():
-                    yield keepalive
+                getter = asyncio.ensure_future(tokens.get()) if tokens is not None else None
+                waiting = {pending.task} if getter is None else {pending.task, getter}
+                await asyncio.wait(waiting, timeout=stream_keepalive_s, return_when=asyncio.FIRST_COMPLETED)
+                if getter is None or not getter.done():
+                    if getter is not None:
+                        getter.cancel()
+                    if not pending.task.done():
+                        yield keepalive
+                    continue
+                arrived = [getter.result()]
+                while not tokens.empty():  # everything sampled since: one decode per choice
+                    arrived.append(tokens.get_nowait())
+                by_choice: dict[int, list[int]] = {}
+                for choice, ids in arrived:
+                    by_choice.setdefault(choice, []).extend(ids)
+                for choice, ids in sorted(by_choice.items()):
+                    text = texts[choice].add(ids)
+                    if text:
+                        for event in delta(choice, text):
+                            yield event
             try:
                 result = pending.task.result()
             except PolicyFailure as exc:
                 yield failed(str(exc))
                 return
-            for event in rest(result):
+            for event in rest(result, [text.sent for text in texts]):
                 yield event
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -230,8 +253,8 @@ def create_app(
         parsed = openai_chat.parse_chat_request(await read_body(request))
         pending = await engine.start(parsed, session_of(request))
         if parsed.stream:
-            rest = functools.partial(openai_chat.chat_stream, request=parsed, model=model)
-            return sse(pending, [], rest, openai_chat.KEEPALIVE, openai_chat.stream_error)
+            chat = openai_chat.ChatStream(parsed, model)
+            return sse(pending, parsed, [], chat.delta, chat.rest, openai_chat.KEEPALIVE, openai_chat.stream_error)
         result = await pending.task
         return JSONResponse(openai_chat.chat_response(result, parsed, model, engine.renderer.decode))
 
@@ -246,11 +269,11 @@ def create_app(
         if parsed.stream:
             events = openai_responses.ResponseEvents()
 
-            def rest(result: CompletionSet) -> Iterator[str]:
-                return events.rest(openai_responses.response_object(result, parsed, model, store, skeleton))
+            def rest(result: CompletionSet, sent: list[str]) -> Iterator[str]:
+                return events.rest(openai_responses.response_object(result, parsed, model, store, skeleton), sent[0])
 
             failed = functools.partial(events.failed, skeleton)
-            return sse(pending, events.start(skeleton), rest, openai_chat.KEEPALIVE, failed)
+            return sse(pending, parsed, events.start(skeleton), events.delta, rest, openai_chat.KEEPALIVE, failed)
         result = await pending.task
         return JSONResponse(openai_responses.response_object(result, parsed, model, store, skeleton))
 
@@ -261,7 +284,8 @@ def create_app(
         message_id = new_id("msg_")
         if parsed.stream:
             head = anthropic_messages.message_stream_start(message_id, model, pending.prompt_tokens)
-            return sse(pending, head, anthropic_messages.message_stream_rest, anthropic_messages.PING,
+            blocks = anthropic_messages.MessageStream()
+            return sse(pending, parsed, head, blocks.delta, blocks.rest, anthropic_messages.PING,
                        anthropic_messages.stream_error)
         result = await pending.task
         return JSONResponse(anthropic_messages.message_response(result, model, message_id))
@@ -284,7 +308,8 @@ def create_app(
 
     @app.get("/health", include_in_schema=False)
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": model, "batches": engine.batcher.batches, "requests": engine.batcher.requests}
+        return {"status": "ok", "model": model, "batches": engine.batcher.batches, "requests": engine.batcher.requests,
+                "undeclared_tool_calls": engine.undeclared_tool_calls}
 
     return app
 

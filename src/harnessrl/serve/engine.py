@@ -2,7 +2,8 @@
 
 ``PolicyBatcher`` owns the policy: one worker thread calls ``policy.generate`` (policies are
 not thread-safe), gathering every request that arrived while the previous batch ran into the
-next batch, so parallel agents share forward passes. ``ServeEngine.complete`` renders a
+next batch, so parallel agents share forward passes (a batch holding a stream runs
+``policy.generate_stream``, which hands the stream its ids as they are sampled). ``ServeEngine.complete`` renders a
 parsed request, checks it against the context window, clamps its output length, waits for
 the batch without blocking the event loop, applies stop strings, parses tool calls, and
 records the exchange.
@@ -13,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import json
+import logging
 import queue
 import threading
 import uuid
@@ -21,13 +24,15 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from harnessrl.harness.chat import RenderedPrompt
-from harnessrl.harness.tools.tool_call import parse_completion
+from harnessrl.harness.tools.tool_call import TOOL_CALL_OPEN, parse_completion
 from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
 from harnessrl.serve.context import ServeContext
 from harnessrl.serve.prompt import PromptRenderer
 from harnessrl.serve.recorder import ConversationRecorder
+from harnessrl.serve.streaming import StreamedText
 
 T = TypeVar("T")
+logger = logging.getLogger("harnessrl.serve")
 
 # Requests with less message text than this are rendered on the event loop (a thread hop
 # costs more than rendering them; earlier messages' ids are cached by the tokenizer).
@@ -72,6 +77,8 @@ class ParsedRequest:
     raw: dict[str, Any] = field(default_factory=dict)
     # the start of the answer, given by the client (an Anthropic final assistant message)
     prefill: str = ""
+    # the tool ``tool_choice`` forces: None (none forced), "" (any declared tool) or a name
+    forced_tool: str | None = None
     # what one API carries from parsing to its response (e.g. the Responses API's custom tools)
     state: dict[str, Any] = field(default_factory=dict)
 
@@ -107,17 +114,24 @@ class CompletionSet:
 
 @dataclass
 class PendingCompletion:
-    """A request that is queued: its conversation, prompt size, and the task that finishes it
-    (its result is the ``CompletionSet``; it raises ``PolicyFailure``)."""
+    """A request that is queued: its conversation, prompt size, the task that finishes it
+    (its result is the ``CompletionSet``; it raises ``PolicyFailure``) and, for a stream,
+    the queue its sampled ids arrive on while the policy works."""
 
     session: str | None
     prompt_tokens: int
     task: asyncio.Future[CompletionSet]
+    # a streamed request's sampled ids as the policy hands them over: (choice index, ids)
+    tokens: asyncio.Queue[tuple[int, list[int]]] | None = None
 
 
 def new_id(prefix: str) -> str:
     """Returns a fresh id like ``call_3f2a...`` (24 hex digits)."""
     return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+# one queued request: the request, the future of its generation, who hears its tokens
+_Queued = tuple[GenerationRequest, "concurrent.futures.Future[Generation]", "Callable[[Sequence[int]], None] | None"]
 
 
 class PolicyBatcher:
@@ -126,21 +140,24 @@ class PolicyBatcher:
     def __init__(self, policy: Policy, max_batch_size: int = 64) -> None:
         self.policy = policy
         self.max_batch_size = max_batch_size
-        self._queue: queue.Queue[tuple[GenerationRequest, concurrent.futures.Future[Generation]] | None] = queue.Queue()
+        self._queue: queue.Queue[_Queued | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self.batches = 0  # how many generate calls ran
         self.requests = 0  # how many requests they held
 
-    def submit(self, request: GenerationRequest) -> concurrent.futures.Future[Generation]:
+    def submit(
+        self, request: GenerationRequest, on_tokens: Callable[[Sequence[int]], None] | None = None
+    ) -> concurrent.futures.Future[Generation]:
         """Queues one request (starting the worker if it is not running); returns the future
-        of its generation."""
+        of its generation. ``on_tokens`` (called on the worker thread) receives its ids as the
+        policy samples them (``Policy.generate_stream``)."""
         with self._start_lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._work, name="harnessrl-serve-policy", daemon=True)
                 self._thread.start()
         future: concurrent.futures.Future[Generation] = concurrent.futures.Future()
-        self._queue.put((request, future))
+        self._queue.put((request, future, on_tokens))
         return future
 
     def close(self) -> None:
@@ -171,18 +188,29 @@ class PolicyBatcher:
             if stop:
                 return
 
-    def _run(self, batch: list[tuple[GenerationRequest, concurrent.futures.Future[Generation]]]) -> None:
+    def _run(self, batch: list[_Queued]) -> None:
         self.batches += 1
         self.requests += len(batch)
+        requests = [request for request, _, _ in batch]
+        listeners = [on_tokens for _, _, on_tokens in batch]
+
+        def dispatch(index: int, ids: Sequence[int]) -> None:
+            listener = listeners[index]
+            if listener is not None:
+                listener(ids)
+
         try:
-            generations = self.policy.generate([request for request, _ in batch])
+            if any(listener is not None for listener in listeners):
+                generations = self.policy.generate_stream(requests, dispatch)
+            else:
+                generations = self.policy.generate(requests)
             if len(generations) != len(batch):
                 raise RuntimeError(f"the policy returned {len(generations)} generations for {len(batch)} requests")
         except Exception as exc:  # a failing batch fails its requests, not the server
-            for _, future in batch:
+            for _, future, _ in batch:
                 future.set_exception(PolicyFailure(f"generation failed: {type(exc).__name__}: {exc}"))
             return
-        for (_, future), generation in zip(batch, generations, strict=True):
+        for (_, future, _), generation in zip(batch, generations, strict=True):
             future.set_result(generation)
 
 
@@ -212,6 +240,9 @@ class ServeEngine:
         self.default_max_tokens = default_max_tokens
         self.max_output_tokens = max_output_tokens
         self.batcher = PolicyBatcher(policy, max_batch_size=max_batch_size)
+        self.undeclared_tool_calls = 0  # completions whose calls named no declared tool
+        # per named session, the last prompt refused for the context: (prompt tokens, context)
+        self.context_overflows: dict[str, tuple[int, int]] = {}
 
     def close(self) -> None:
         self.batcher.close()
@@ -241,21 +272,43 @@ class ServeEngine:
         ``ContextOverflow``) and queues it; returns at once with the task that finishes it
         (streams begin while the policy works)."""
         small = sum(len(m.get("content") or "") for m in request.messages) < INLINE_RENDER_CHARS
-        prompt = await self._tokenizing(small, self.renderer.render, request.messages, request.tools, request.prefill)
-        budget = self.output_budget(request.max_tokens, len(prompt))
+        lead = request.prefill + forced_call_prefix(request.forced_tool)
+        prompt = await self._tokenizing(small, self.renderer.render, request.messages, request.tools, lead)
+        try:
+            budget = self.output_budget(request.max_tokens, len(prompt))
+        except ContextOverflow as overflow:
+            if session is not None:  # what an external run reports as its error
+                self.context_overflows[session] = (overflow.prompt_tokens, overflow.limit)
+            raise
         thread = 0
         if self.recorder is not None:
             session, thread = self.recorder.assign(request.messages, session)
         context = ServeContext(request.api, session, request.messages, request.tools, request.raw, request.prefill)
         futures = []
+        tokens: asyncio.Queue[tuple[int, list[int]]] | None = asyncio.Queue() if request.stream else None
+        loop = asyncio.get_running_loop()
         for choice in range(request.n):
             seed = None if request.seed is None else request.seed + choice
             params = SamplingParams(request.temperature, request.top_p, budget, self.stop_token_ids, seed)
-            futures.append(asyncio.wrap_future(self.batcher.submit(GenerationRequest(list(prompt.ids), params, context))))
+            on_tokens = None
+            if tokens is not None:
+
+                def on_tokens(ids: Sequence[int], choice: int = choice, tokens: asyncio.Queue = tokens) -> None:
+                    loop.call_soon_threadsafe(tokens.put_nowait, (choice, list(ids)))
+
+            generation_request = GenerationRequest(list(prompt.ids), params, context)
+            futures.append(asyncio.wrap_future(self.batcher.submit(generation_request, on_tokens)))
         task = asyncio.ensure_future(self._complete(request, session, thread, prompt, futures))
         # A stream whose client went away never awaits its task: retrieve its error anyway.
         task.add_done_callback(lambda done: done.cancelled() or done.exception())
-        return PendingCompletion(session, len(prompt), task)
+        return PendingCompletion(session, len(prompt), task, tokens)
+
+    def streamed_text(self, request: ParsedRequest) -> StreamedText:
+        """Returns the tracker of one choice's streamed text (see ``serve/streaming.py``)."""
+        return StreamedText(
+            self.renderer.decode, self.stop_token_ids, request.stop, bool(request.tools),
+            lead=forced_call_prefix(request.forced_tool),
+        )
 
     async def _complete(
         self, request: ParsedRequest, session: str | None, thread: int, prompt: RenderedPrompt,
@@ -272,10 +325,11 @@ class ServeEngine:
         # What the client will send back: the prefill and its continuation as one message.
         content = request.prefill + first.content if request.prefill else first.content
         reply = {"role": "assistant", "content": content, "tool_calls": first.tool_calls}
-        if first.finish_reason != "stop_sequence" and not request.prefill:
+        if first.finish_reason != "stop_sequence" and not request.prefill and request.forced_tool is None:
             # Cut at a stop string, the ids hold text the client never saw (the stop string
-            # and what its last token carried); after a prefill, the message holds text the
-            # policy did not sample: such replies are rendered from their text next time.
+            # and what its last token carried); after a prefill or a forced tool call, the
+            # message holds text the policy did not sample: such replies are rendered from
+            # their text next time.
             self.renderer.remember(reply, first.token_ids)
         if self.recorder is not None and session is not None:
             record = functools.partial(
@@ -315,7 +369,16 @@ class ServeEngine:
                 text = text[:position]
                 keep = self._ids_covering(ids, position + len(matched))
                 ids, logprobs, finish = ids[:keep], logprobs[:keep], "stop_sequence"
+        # A forced tool call's opening is part of the answer, though it was not sampled.
+        text = forced_call_prefix(request.forced_tool) + text
         content, calls = parse_completion(text) if request.tools else (text, [])
+        declared = {tool["name"] for tool in request.tools}
+        undeclared = sorted({call["name"] for call in calls} - declared)
+        if undeclared:
+            # The client could not run it: the whole answer is text, as a malformed call is.
+            self.undeclared_tool_calls += 1
+            logger.warning("a completion called undeclared tools %s: returned as text", undeclared)
+            content, calls = text.strip(), []
         for call in calls:
             call["id"] = new_id("call_")
         if calls and finish != "length":
@@ -334,6 +397,19 @@ class ServeEngine:
             else:
                 low = middle + 1
         return high
+
+
+def forced_call_prefix(forced_tool: str | None) -> str:
+    """Returns the text a forced tool call starts the answer with, in the ``<tool_call>``
+    syntax the prompt teaches (``harness/tools/tool_call.py``): the opening tag and, for a
+    named tool, its name, so that the model only writes the arguments; ``""`` for any tool
+    (the model picks a name); nothing when no call is forced."""
+    if forced_tool is None:
+        return ""
+    opening = f'{TOOL_CALL_OPEN}\n{{"name": '
+    if not forced_tool:
+        return opening + '"'
+    return opening + json.dumps(forced_tool, ensure_ascii=False) + ', "arguments": '
 
 
 def _first_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:

@@ -199,8 +199,49 @@ def reject_surrogates(value: Any, where: str = "", raw: bytes | None = None) -> 
         raise InvalidRequest(f"'{at or 'body'}' holds a lone UTF-16 surrogate, which is not valid Unicode text", at or None)
 
 
-def openai_tool_choice(value: Any) -> None:
-    """Checks an OpenAI ``tool_choice`` (Chat Completions and Responses): none, auto, required, or an object naming a tool."""
-    if value is None or value in ("none", "auto", "required") or isinstance(value, dict):
-        return
-    raise InvalidRequest("'tool_choice' must be \"none\", \"auto\", \"required\" or an object naming a tool", "tool_choice")
+def openai_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]]) -> str | None:
+    """Returns the tool an OpenAI ``tool_choice`` (Chat Completions, with the legacy
+    ``function_call``, and Responses) forces: None (``auto``, ``none``, absent), ``""`` (any
+    declared tool: ``required``) or a tool's name (``{"type": "function", ...}`` naming one
+    of ``tools``). Forms the server cannot honour (``allowed_tools``, built-in tools) are an
+    ``InvalidRequest`` that says so, never ignored."""
+    value = body.get("tool_choice")
+    if value is None and body.get("function_call") is not None:
+        legacy = body["function_call"]
+        value = {"type": "function", "function": legacy} if isinstance(legacy, dict) else legacy
+    if value is None or value in ("none", "auto"):
+        return None
+    if value == "required":
+        return forced_tool("", tools, "tool_choice")
+    if not isinstance(value, dict):
+        raise InvalidRequest("'tool_choice' must be \"none\", \"auto\", \"required\" or an object naming a tool", "tool_choice")
+    kind = value.get("type")
+    if kind in ("function", "custom"):
+        function = value.get("function")
+        name = function.get("name") if isinstance(function, dict) else value.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest("'tool_choice' must name the tool: {\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
+        return forced_tool(name, tools, "tool_choice")
+    raise InvalidRequest(
+        f"'tool_choice' of type {json.dumps(kind)[:40]} is not supported by this server: use \"none\", \"auto\", "
+        "\"required\" or a function by name", "tool_choice",
+    )
+
+
+def forced_tool(name: str, tools: list[dict[str, Any]], param: str) -> str:
+    """Returns ``name`` (``""``: any tool) once it is sure ``tools`` can honour it."""
+    if not tools:
+        raise InvalidRequest(f"'{param}' forces a tool call, but the request declares no tools", param)
+    if name and name not in {tool["name"] for tool in tools}:
+        raise InvalidRequest(f"'{param}' names the tool {json.dumps(name)[:80]}, which is not among the request's tools", param)
+    return name
+
+
+def refuse_unsupported(body: dict[str, Any], checks: dict[str, Any]) -> None:
+    """Raises ``InvalidRequest`` for the first field of ``checks`` whose value in ``body``
+    asks for what the server cannot do: ``checks`` maps a field to a predicate of its value
+    that is true when the server can honour it (an absent or null field always can)."""
+    for name, honoured in checks.items():
+        value = body.get(name)
+        if value is not None and not honoured(value):
+            raise InvalidRequest(f"'{name}' = {json.dumps(value)[:80]} is not supported by this server", name)

@@ -3,25 +3,30 @@ object and its stream of ``chat.completion.chunk`` events.
 
 Supported: ``messages`` (system, developer, user, assistant with ``tool_calls``, tool, and
 the legacy function role), ``tools`` / legacy ``functions`` (``tool_choice: "none"`` leaves
-them out of the prompt), ``max_completion_tokens`` or ``max_tokens``, ``temperature``,
-``top_p``, ``n``, ``stop``, ``seed``, ``logprobs`` (the sampled token's log-probability;
-``top_logprobs`` lists are empty), ``stream`` with ``stream_options.include_usage``. The
-Policy protocol returns whole generations, so a stream sends SSE comments (``: keep-alive``)
-while the policy works, then the content in pieces, then each tool call as a header delta
-and arguments deltas (or one ``{"error": ...}`` chunk when the policy failed).
+them out of the prompt; ``"required"`` or a named function starts the answer with the
+``<tool_call>`` opening, and the name, see ``engine.forced_call_prefix``; a call to an
+undeclared tool comes back as text), ``max_completion_tokens`` or ``max_tokens``,
+``temperature``, ``top_p``, ``n``, ``stop``, ``seed``, ``logprobs`` (the sampled token's
+log-probability; ``top_logprobs`` above 0, ``response_format`` other than text, a
+``logit_bias`` or a penalty are refused with a 400), ``stream`` with ``stream_options.include_usage``. A stream
+sends content deltas while the policy samples (token by token for a policy that decodes step
+by step, ``Policy.generate_stream``; held back where it may still change, see
+``serve/streaming.py``), SSE comments (``: keep-alive``) when nothing came for a while, then
+the rest of the content, each tool call as a header delta and arguments deltas (or one
+``{"error": ...}`` chunk when the policy failed).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from harnessrl.serve import fields
 from harnessrl.serve.context import API_CHAT
 from harnessrl.serve.engine import CompletionSet, InvalidRequest, ParsedRequest, new_id
-from harnessrl.serve.streaming import text_pieces
+from harnessrl.serve.streaming import text_pieces, unsent
 
 TEXT_PARTS = ("text", "input_text", "output_text")
 FINISH_REASONS = {"stop": "stop", "stop_sequence": "stop", "length": "length", "tool_calls": "tool_calls"}
@@ -105,21 +110,32 @@ def parse_chat_request(body: dict[str, Any]) -> ParsedRequest:
     fields.optional_str(body, "model")
     fields.optional_str(body, "user")
     fields.optional_bool(body, "parallel_tool_calls", default=True)
-    fields.openai_tool_choice(body.get("tool_choice"))
     messages = normalize_messages(body.get("messages"))
+    tools = normalize_tools(body)
+    forced = fields.openai_tool_choice(body, tools)
     max_tokens = fields.optional_int(body, "max_completion_tokens", minimum=1)
     if max_tokens is None:
         max_tokens = fields.optional_int(body, "max_tokens", minimum=1)
     temperature, top_p = fields.sampling(body, max_temperature=2.0)
     fields.optional_bool(body, "logprobs")
     fields.optional_int(body, "top_logprobs", minimum=0, maximum=20)
+    # What the policy cannot do is refused, never ignored: it returns only the sampled
+    # token's log-probability, samples no constrained format and applies no penalties.
+    fields.refuse_unsupported(body, {
+        "top_logprobs": lambda value: value == 0,
+        "response_format": lambda value: isinstance(value, dict) and value.get("type") == "text",
+        "logit_bias": lambda value: value == {},
+        "presence_penalty": lambda value: value == 0,
+        "frequency_penalty": lambda value: value == 0,
+    })
     options = body.get("stream_options")
     if options is not None:
         fields.require_dict(options, "stream_options")
     return ParsedRequest(
         api=API_CHAT,
         messages=messages,
-        tools=normalize_tools(body),
+        tools=tools,
+        forced_tool=forced,
         max_tokens=max_tokens,
         temperature=temperature,
         top_p=top_p,
@@ -195,28 +211,46 @@ def stream_error(message: str) -> str:
     return sse_data({"error": {"message": message, "type": "server_error", "param": None, "code": None}}) + "data: [DONE]\n\n"
 
 
-def chat_stream(result: CompletionSet, request: ParsedRequest, model: str) -> Iterator[str]:
-    """Yields the server-sent events of a streamed chat completion, ending with ``[DONE]``."""
-    options = request.raw.get("stream_options") or {}
-    include_usage = options.get("include_usage") is True
-    base = {"id": new_id("chatcmpl-"), "object": "chat.completion.chunk", "created": int(time.time()), "model": model, "system_fingerprint": None}
+class ChatStream:
+    """The server-sent events of one streamed chat completion: content deltas while the
+    policy samples (``delta``), then the rest, the tool calls, the finish reasons, the usage
+    and ``[DONE]`` (``rest``)."""
 
-    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> str:
-        payload = {**base, "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-        if include_usage:
+    def __init__(self, request: ParsedRequest, model: str) -> None:
+        options = request.raw.get("stream_options") or {}
+        self.include_usage = options.get("include_usage") is True
+        self.base = {"id": new_id("chatcmpl-"), "object": "chat.completion.chunk", "created": int(time.time()), "model": model, "system_fingerprint": None}
+        self.opened: set[int] = set()  # choices whose first (role) chunk went out
+
+    def chunk(self, index: int, delta: dict[str, Any], finish: str | None = None) -> str:
+        payload = {**self.base, "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        if self.include_usage:
             payload["usage"] = None
         return sse_data(payload)
 
-    for index, choice in enumerate(result.choices):
-        yield chunk(index, {"role": "assistant", "content": "", "refusal": None})
-        for piece in text_pieces(choice.content):
-            yield chunk(index, {"content": piece})
-        for position, call in enumerate(_openai_calls(choice.tool_calls)):
-            header = {"index": position, "id": call["id"], "type": "function", "function": {"name": call["function"]["name"], "arguments": ""}}
-            yield chunk(index, {"tool_calls": [header]})
-            for piece in text_pieces(call["function"]["arguments"]):
-                yield chunk(index, {"tool_calls": [{"index": position, "function": {"arguments": piece}}]})
-        yield chunk(index, {}, FINISH_REASONS[choice.finish_reason])
-    if include_usage:
-        yield sse_data({**base, "choices": [], "usage": _usage(result)})
-    yield "data: [DONE]\n\n"
+    def _open(self, index: int) -> Iterator[str]:
+        if index not in self.opened:
+            self.opened.add(index)
+            yield self.chunk(index, {"role": "assistant", "content": "", "refusal": None})
+
+    def delta(self, index: int, text: str) -> Iterator[str]:
+        """Yields the chunks of ``text`` sampled for choice ``index`` while the policy works."""
+        yield from self._open(index)
+        yield self.chunk(index, {"content": text})
+
+    def rest(self, result: CompletionSet, sent: Sequence[str]) -> Iterator[str]:
+        """Yields the events after generation, ending with ``[DONE]``; ``sent`` holds each
+        choice's content already streamed."""
+        for index, choice in enumerate(result.choices):
+            yield from self._open(index)
+            for piece in text_pieces(unsent(choice.content, sent[index] if index < len(sent) else "")):
+                yield self.chunk(index, {"content": piece})
+            for position, call in enumerate(_openai_calls(choice.tool_calls)):
+                header = {"index": position, "id": call["id"], "type": "function", "function": {"name": call["function"]["name"], "arguments": ""}}
+                yield self.chunk(index, {"tool_calls": [header]})
+                for piece in text_pieces(call["function"]["arguments"]):
+                    yield self.chunk(index, {"tool_calls": [{"index": position, "function": {"arguments": piece}}]})
+            yield self.chunk(index, {}, FINISH_REASONS[choice.finish_reason])
+        if self.include_usage:
+            yield sse_data({**self.base, "choices": [], "usage": _usage(result)})
+        yield "data: [DONE]\n\n"

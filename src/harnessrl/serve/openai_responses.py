@@ -6,11 +6,15 @@ Supported: ``input`` as a string or items (messages with string or ``input_text`
 and ``custom_tool_call_output``; ``reasoning`` items are dropped), ``instructions``,
 ``tools`` of type ``function`` and ``custom`` (a custom tool is shown to the model as a
 function with one string argument ``input``; built-in tools are left out; ``tool_choice:
-"none"`` leaves them all out), ``max_output_tokens``, ``temperature``, ``top_p``,
+"none"`` leaves them all out, ``"required"`` or a named tool forces a call, see
+``engine.forced_call_prefix``; ``text.format`` other than text and ``top_logprobs`` are
+refused), ``max_output_tokens``, ``temperature``, ``top_p``,
 ``stream``, ``previous_response_id`` (the earlier request's input and output are kept in
 memory, the most recent ``ResponseStore.capacity`` of them). The stream begins with
-``response.created`` and ``response.in_progress`` at once (then SSE comments keep it alive
-while the policy works); once the output is known, per output item
+``response.created`` and ``response.in_progress`` at once; the message item opens and its
+``response.output_text.delta`` events go out while the policy samples (see
+``serve/streaming.py``; SSE comments keep a silent stream alive); once the output is known,
+the rest: per output item
 ``response.output_item.added`` / text or argument deltas / ``...done``, then
 ``response.completed`` (``response.incomplete`` when the output limit cut it;
 ``response.failed`` when the policy failed).
@@ -28,7 +32,7 @@ from typing import Any
 from harnessrl.serve import fields
 from harnessrl.serve.context import API_RESPONSES
 from harnessrl.serve.engine import CompletionSet, InvalidRequest, ParsedRequest, new_id
-from harnessrl.serve.streaming import text_pieces
+from harnessrl.serve.streaming import text_pieces, unsent
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 CUSTOM_INPUT_SCHEMA = {
@@ -135,18 +139,29 @@ def normalize_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]], set[str
     return tools, custom
 
 
+def _plain_text_format(text: Any) -> bool:
+    """Whether a ``text`` field asks for plain text (the only output format served)."""
+    if not isinstance(text, dict):
+        return True  # not an object: nothing asked for (the field is not otherwise read)
+    format_ = text.get("format")
+    return format_ is None or (isinstance(format_, dict) and format_.get("type") == "text")
+
+
 def parse_responses_request(body: dict[str, Any], store: ResponseStore) -> ParsedRequest:
     """Returns the parsed request (raises ``InvalidRequest`` naming the bad field)."""
     fields.optional_str(body, "model")
     fields.optional_dict(body, "metadata")
-    fields.openai_tool_choice(body.get("tool_choice"))
     messages = normalize_input(body, store)
     tools, custom = normalize_tools(body)
+    forced = fields.openai_tool_choice(body, tools)
+    # What the policy cannot do is refused, never ignored (see ``openai_chat``).
+    fields.refuse_unsupported(body, {"top_logprobs": lambda value: value == 0, "text": _plain_text_format})
     temperature, top_p = fields.sampling(body, max_temperature=2.0)
     return ParsedRequest(
         api=API_RESPONSES,
         messages=[{k: v for k, v in m.items() if k != "origin"} for m in messages],
         tools=tools,
+        forced_tool=forced,
         max_tokens=fields.optional_int(body, "max_output_tokens", minimum=1),
         temperature=temperature,
         top_p=top_p,
@@ -234,10 +249,13 @@ def response_object(
 
 
 class ResponseEvents:
-    """The typed server-sent events of one streamed response, numbered in order."""
+    """The typed server-sent events of one streamed response, numbered in order: the text of
+    its message while the policy samples (``delta``), then the events that build up the
+    finished response (``rest``)."""
 
     def __init__(self) -> None:
         self.sequence = 0
+        self.message_id: str | None = None  # the streamed message item, once it has begun
 
     def event(self, kind: str, **payload: Any) -> str:
         data = {"type": kind, "sequence_number": self.sequence, **payload}
@@ -248,16 +266,32 @@ class ResponseEvents:
         """Returns the events sent before the output is known."""
         return [self.event("response.created", response=skeleton), self.event("response.in_progress", response=skeleton)]
 
-    def rest(self, response: dict[str, Any]) -> Iterator[str]:
-        """Yields the events that build up the finished ``response``."""
+    def delta(self, index: int, text: str) -> Iterator[str]:
+        """Yields the events of ``text`` sampled while the policy works (``index``: the
+        choice, always 0 here); the first opens the message item and its text part."""
+        if self.message_id is None:
+            self.message_id = new_id("msg_")
+            item = {"id": self.message_id, "type": "message", "status": "in_progress", "role": "assistant", "content": []}
+            yield self.event("response.output_item.added", output_index=0, item=item)
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            yield self.event("response.content_part.added", item_id=self.message_id, output_index=0, content_index=0, part=part)
+        yield self.event("response.output_text.delta", item_id=self.message_id, output_index=0, content_index=0, delta=text, logprobs=[])
+
+    def rest(self, response: dict[str, Any], sent: str = "") -> Iterator[str]:
+        """Yields the events that build up the finished ``response``; ``sent`` is the text
+        of its message already streamed."""
         event = self.event
         for index, item in enumerate(response["output"]):
+            started = index == 0 and item["type"] == "message" and self.message_id is not None
+            if started:
+                item["id"] = self.message_id  # the id its streamed events carried
             at = {"item_id": item["id"], "output_index": index}
             if item["type"] == "message":
                 part = item["content"][0]
-                yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress", "content": []})
-                yield event("response.content_part.added", **at, content_index=0, part={**part, "text": ""})
-                for piece in text_pieces(part["text"]):
+                if not started:
+                    yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress", "content": []})
+                    yield event("response.content_part.added", **at, content_index=0, part={**part, "text": ""})
+                for piece in text_pieces(unsent(part["text"], sent if started else "")):
                     yield event("response.output_text.delta", **at, content_index=0, delta=piece, logprobs=[])
                 yield event("response.output_text.done", **at, content_index=0, text=part["text"], logprobs=[])
                 yield event("response.content_part.done", **at, content_index=0, part=part)

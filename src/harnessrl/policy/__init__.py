@@ -46,15 +46,25 @@ def make_policy(spec: str, seed: int = 0, **kwargs: Any) -> Policy:
         model, _, url = rest.partition("@")
         if not model or not url:
             raise ValueError(f"policy {spec!r}: expected {kind}:<model>@<base url>")
+        kwargs.setdefault("context_length", "server")
         return OpenAIPolicy(model, url, mode="text" if kind == "openai-text" else "tokens", **kwargs)
     raise ValueError(f"unknown policy {spec!r}; use one of: {POLICY_SPECS}")
 
 
-def make_training_policy(model: str | None, device: str = "auto", dtype: Any = "auto") -> WeightSyncedPolicy:
-    """Returns the policy that rolls out for the trainer (``rl/loop.py``): an in-process
-    ``HFPolicy`` of the local model folder ``model`` (``None`` or ``"embedded"``: the embedded
-    default) on ``device`` with weights in ``dtype``. Any ``WeightSyncedPolicy`` can take its
-    place: the trainer uses only that interface."""
+def make_training_policy(
+    model: str | None, device: str = "auto", dtype: Any = "auto", *,
+    server: str | None = None, server_model: str = "embedded", weights_dir: Any = None,
+) -> WeightSyncedPolicy:
+    """Returns the policy that rolls out for the trainer (``rl/loop.py``): with ``server`` (a
+    vLLM server's ``http://host:port/v1``) a ``ServedTrainingPolicy`` of its model
+    ``server_model``, whose weights are synced over HTTP through the folder ``weights_dir``; else an in-process ``HFPolicy`` of
+    the local model folder ``model`` (``None`` or ``"embedded"``: the embedded default) on
+    ``device`` with weights in ``dtype``. The trainer uses only the ``WeightSyncedPolicy``
+    interface."""
+    if server is not None:
+        from harnessrl.policy.served import ServedTrainingPolicy
+
+        return ServedTrainingPolicy(server, server_model, weights_dir)
     from harnessrl.policy.hf import HFPolicy
 
     return HFPolicy(model, device=device, dtype=dtype)

@@ -181,7 +181,10 @@ class WeightSyncedPolicy(Policy):
     """A policy that can roll out for the trainer: besides ``tokenizer`` and ``generate`` it
     takes the trained weights after every optimizer step (``sync_weights``) and can drop the
     KV it cached with older weights (``clear_prefix_cache``). ``rl/loop.py`` builds it with
-    ``harnessrl.policy.make_training_policy``."""
+    ``harnessrl.policy.make_training_policy``. ``weight_version`` counts the syncs: the
+    trainer stamps it on every trajectory and refuses to update on rollouts of an older one."""
+
+    weight_version: int = 0
 
     @abstractmethod
     def local_model(self) -> torch.nn.Module | None:

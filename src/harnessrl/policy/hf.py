@@ -222,6 +222,7 @@ class HFPolicy(WeightSyncedPolicy):
                     for name, parameter in trained.named_parameters():
                         targets[name].copy_(parameter)
         self.clear_prefix_cache()
+        self.weight_version += 1
 
     def _drop_stale_prefix_cache(self) -> None:
         """Clears the prefix cache when the model object or a parameter's version counter

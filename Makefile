@@ -81,7 +81,7 @@ run: setup
 
 # pytest exits 5 when it collects nothing: that is a broken suite, not a pass.
 test: setup vllm-env
-	@$(PY) -m pytest -q -p no:cacheprovider; rc=$$?; \
+	@$(PY) -m pytest -q -p no:cacheprovider --durations=25; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # ruff, then the layer contract of pyproject.toml (import-linter; run from the repo root).
@@ -93,6 +93,4 @@ bench: setup
 	$(PY) benchmarks/bench_sandbox.py
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) build dist src/*.egg-info
-
-	rm -rf $(VENV) $(VLLM_VENV) build dist src/*.egg-info
+	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) build dist src/*.egg-info

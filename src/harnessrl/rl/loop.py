@@ -267,7 +267,9 @@ class Trainer:
             tasks = [self.task_by_id[p.task] for p in pairs for _ in range(self.cfg.group_size)]
             self._groups = [GroupInfo(g, TaskInfo.of(self.task_by_id[p.task]), self.cfg.rollout_through)
                             for g, p in enumerate(pairs)]
+            version = self.policy.weight_version
             trajectories, agent_stats = self.agent_rollouts.run(tasks, first_run=step * len(tasks))
+            trajectories = stamp_weight_version(trajectories, self.policy, version)
             return trajectories, [i // self.cfg.group_size for i in range(len(tasks))], agent_stats
         for group, pair in enumerate(pairs):
             code = pair.config.code

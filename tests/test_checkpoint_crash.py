@@ -46,7 +46,7 @@ def test_sigkill_at_random_moments_always_leaves_the_last_complete_checkpoint(tm
     save_seconds = 0.05  # refined from the acknowledgements as the test goes
     seen_stranded = 0
     acknowledged: tuple[int, bool] = (0, True)
-    for attempt in range(30):
+    for attempt in range(12):
         receiver, sender = context.Pipe(duplex=False)
         child = context.Process(target=save_forever, args=(str(run_dir), sender), daemon=True)
         child.start()

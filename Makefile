@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test lint bench clean system-deps verl-venv test-verl vllm-env
+.PHONY: setup run test lint bench clean system-deps verl-venv test-verl vllm-env experiment-cpu
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -78,6 +78,12 @@ vllm-env: $(VLLM_STAMP)
 
 run: setup
 	$(VENV)/bin/harnessrl train
+
+# The papers' directions at CPU scale (configs/cpu_ablation.yaml; results in docs/results.md).
+# Resumable: re-running skips finished arms. MALLOC_ARENA_MAX bounds glibc's per-thread arenas,
+# which otherwise grow a long training process by several GB.
+experiment-cpu: setup
+	MALLOC_ARENA_MAX=2 $(VENV)/bin/harnessrl experiment configs/cpu_ablation.yaml --out experiments/cpu-ablation
 
 # pytest exits 5 when it collects nothing: that is a broken suite, not a pass.
 test: setup vllm-env

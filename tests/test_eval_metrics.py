@@ -5,7 +5,7 @@ from math import comb
 
 import pytest
 
-from harnessrl.eval.metrics import avg_at_k, bootstrap_ci, pass_at_k
+from harnessrl.eval.metrics import avg_at_k, bootstrap_ci, paired_comparison, pass_at_k, sign_test
 
 
 @pytest.mark.parametrize(("n", "c", "k"), [(5, 0, 1), (5, 1, 1), (5, 2, 3), (10, 3, 5), (4, 4, 2), (8, 7, 2)])
@@ -41,3 +41,28 @@ def test_bootstrap_interval_brackets_the_mean_and_shrinks_with_data():
     assert lo_s <= 0.5 <= hi_s and lo_l <= 0.5 <= hi_l
     assert hi_l - lo_l < hi_s - lo_s
     assert bootstrap_ci([]) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize(("wins", "losses"), [(0, 0), (3, 0), (9, 1), (5, 5), (2, 7), (12, 4)])
+def test_sign_test_equals_the_two_sided_exact_binomial_by_enumeration(wins, losses):
+    n = wins + losses
+    # every outcome of n fair coin flips at least as extreme as the observed split
+    extreme = sum(1 for flips in itertools.product((0, 1), repeat=n)
+                  if abs(2 * sum(flips) - n) >= abs(wins - losses))
+    assert sign_test(wins, losses) == pytest.approx(min(1.0, extreme / 2**n) if n else 1.0)
+    assert sign_test(9, 1) == pytest.approx(2 * 11 / 1024)
+    with pytest.raises(ValueError):
+        sign_test(-1, 2)
+
+
+def test_paired_comparison_uses_only_shared_units_and_counts_wins_losses_ties():
+    arm = {("t1", "a"): 1.0, ("t2", "a"): 1.0, ("t3", "a"): 0.0, ("t4", "a"): 0.5, ("only-arm", "a"): 1.0}
+    ref = {("t1", "a"): 0.0, ("t2", "a"): 1.0, ("t3", "a"): 1.0, ("t4", "a"): 0.0, ("only-ref", "a"): 0.0}
+    out = paired_comparison(arm, ref)
+    assert out["units"] == 4 and (out["wins"], out["losses"], out["ties"]) == (2, 1, 1)
+    assert out["difference"] == pytest.approx((1 + 0 - 1 + 0.5) / 4)
+    low, high = out["difference_ci"]
+    assert low <= out["difference"] <= high and out["sign_test_p"] == pytest.approx(sign_test(2, 1))
+    # identical arms: no difference, an interval of zero width, p = 1
+    same = paired_comparison(ref, ref)
+    assert same["difference"] == 0.0 and same["difference_ci"] == [0.0, 0.0] and same["sign_test_p"] == 1.0

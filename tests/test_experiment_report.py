@@ -127,7 +127,12 @@ def test_the_paper_and_cpu_experiments_load_with_the_papers_arms():
     assert arms["random-18"].design_n == 18 and len(paper.seeds) >= 3 and paper.reference == "single-H0"
     assert paper.base["preset"] == "paper" and paper.eval.held_out == 18
     cpu = load_experiment(CONFIGS / "cpu_ablation.yaml")
-    assert [a.name for a in cpu.arms] == ["single-H0", "orthogonal-18"]
+    arms = {a.name: a for a in cpu.arms}
+    assert {a.design for a in cpu.arms if a.design} == {"single", "first-order", "random", "orthogonal"}
+    assert sorted(a.k for a in cpu.arms if a.design == "orthogonal") == [1, 2, 2]
+    assert arms["orthogonal-18-rescue"].rescue == "siblings" and arms["sft-only"].control == "sft-only"
+    assert cpu.warm_start["sft_warm_start_steps"] > 0 and len(cpu.seeds) == 2 and cpu.reference == "single-H0"
+    assert cpu.eval.held_out * cpu.eval.tasks >= 48 and 2 * cpu.eval.tasks >= 24  # episodes per arm and seed
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -139,6 +144,10 @@ def test_the_paper_and_cpu_experiments_load_with_the_papers_arms():
     (GOOD.replace("pairing: repeat, k: 2", "k: 2"), r"field k: K=2 with neighbour pairing needs 2.*pairing: repeat"),
     (GOOD.replace("name: oa", "name: single"), "arm names repeat"),
     (GOOD + "colour: red\n", r"field colour: unknown field"),
+    (GOOD + "warm_start: {learning_rate: 0.1}\n", r"field warm_start\.learning_rate: a shared warm start may set only"),
+    (GOOD + "warm_start: {design: orthogonal, sft_warm_start_steps: 0}\n", r"warm_start\.sft_warm_start_steps: .*at least"),
+    (GOOD.replace("- {name: single, design: single, pairing: repeat, k: 2}", "- {name: single, control: sft-only}")
+     .replace("- {name: oa, design: orthogonal}", "- {name: oa, control: sft-only}"), "every arm is a control"),
 ])
 def test_bad_experiment_files_name_file_field_and_fix(tmp_path, text, message):
     path = write(tmp_path, text)
@@ -218,6 +227,55 @@ def test_tiny_experiment_produces_table_plots_and_a_report_and_resumes(tmp_path,
     assert any("[single-seed5] finished earlier: skipped" in line for line in lines)
     assert any("[oa-seed5] resumed from" in line for line in lines)  # trained weights reloaded, not retrained
     assert {row["arm"]: row["in_space"] for row in again["arms"]} == {r["arm"]: r["in_space"] for r in result["arms"]}
+
+
+def test_shared_warm_start_sft_only_control_and_paired_tests(tmp_path, tiny_model):
+    """Every arm continues one warm start per seed (trained once); the SFT-only control is that
+    warm start evaluated with no RL step; each arm is paired with the reference on the same units."""
+    from harnessrl.experiment import run_experiment, warm_start_model
+    from harnessrl.rl.checkpoint import latest_checkpoint
+
+    text = tiny_experiment(tmp_path, tiny_model).read_text().replace("  sft_warm_start_steps: 1\n", "")
+    text = text.replace("seeds: [5]", "seeds: [5, 6]\nwarm_start: {design: orthogonal, sft_warm_start_steps: 1}")
+    text += "  - {name: sft-only, control: sft-only}\n"
+    spec = load_experiment(write(tmp_path, text))
+    out = tmp_path / "out"
+    lines = []
+    result = run_experiment(spec, out, log=lines.append)
+    assert result["missing"] == [] and [line for line in lines if "SFT warm start" in line] == [
+        f"[warm-start-seed{s}] SFT warm start: 1 steps on 1 demonstrations under the orthogonal design, shared by "
+        f"every arm of seed {s}" for s in (5, 6)]
+    order = [line.split("]")[0] for line in lines if "training:" in line]  # seed by seed
+    assert order == [f"[{a}-seed{s}" for s in (5, 6) for a in ("single", "oa", "sft-only")]
+    for seed in (5, 6):
+        warm = warm_start_model(out, seed)
+        assert (warm / "config.json").exists()
+        for arm in ("single", "oa", "sft-only"):
+            marker = json.loads((out / "arms" / f"{arm}-seed{seed}" / "arm_result.json").read_text())
+            assert marker["config"]["model"] == str(warm) and marker["config"]["sft_warm_start_steps"] == 0
+        # the control ran no RL step: its weights are the warm start's, bit for bit
+        control = latest_checkpoint(out / "arms" / f"sft-only-seed{seed}")
+        trained = transformers.AutoModelForCausalLM.from_pretrained(control / "model").state_dict()
+        start = transformers.AutoModelForCausalLM.from_pretrained(warm).state_dict()
+        assert all(torch.equal(trained[name], start[name]) for name in start)
+        assert not (out / "arms" / f"sft-only-seed{seed}" / "metrics.jsonl").exists()
+    arms = {row["arm"]: row for row in result["arms"]}
+    assert arms["sft-only"]["control"] == "sft-only" and arms["single"]["paired"] is None
+    for name in ("oa", "sft-only"):
+        paired = arms[name]["paired"]
+        # 2 seeds x 1 task x (2 held-out + codex-like) units, each scored by both arms
+        assert paired["in_space"]["units"] == 4 and paired["out_of_space"]["units"] == 2 and paired["all"]["units"] == 6
+        for cell in paired.values():
+            assert cell["wins"] + cell["losses"] + cell["ties"] == cell["units"]
+            assert 0.0 <= cell["sign_test_p"] <= 1.0
+        assert paired["in_space"]["difference"] == pytest.approx(arms[name]["in_space"] - arms["single"]["in_space"])
+    table = (out / "comparison.md").read_text()
+    assert "Paired against single" in table and "| sft-only | SFT-only control |" in table
+    assert "shared SFT warm start per seed (1 steps on 1 demonstrations under the orthogonal design)" in table
+    # a second run finds the warm starts and every arm done
+    lines.clear()
+    run_experiment(spec, out, log=lines.append)
+    assert sum("skipped" in line for line in lines) == 6 and not any("SFT warm start" in line for line in lines)
 
 
 def test_report_command_rebuilds_an_experiment_report(tmp_path, tiny_model):

@@ -26,6 +26,10 @@ def register(subparsers: Any) -> None:
 
 
 def run_experiment_cli(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from harnessrl.design import make_design
+    from harnessrl.eval.sets import resolve_eval_set
     from harnessrl.experiment import (
         arm_config,
         arm_id,
@@ -34,16 +38,30 @@ def run_experiment_cli(args: argparse.Namespace) -> int:
         executor_rollouts_bound,
         load_experiment,
         run_experiment,
+        warm_start_config,
     )
+    from harnessrl.harness.registry import default_space
 
     spec = load_experiment(args.file)
     out = Path(args.out or f"experiments/{spec.name}")
     if args.dry_run:
-        first = arm_config(spec, spec.arms[0], spec.seeds[0], out)
+        first = arm_config(spec, next(a for a in spec.arms if a.control is None), spec.seeds[0], out)
         print(f"experiment {spec.name}: {len(spec.arms)} arms x {len(spec.seeds)} seeds -> {out}")
         print(f"budget per arm: {budget(first)}")
+        if spec.warm_start is not None:
+            warm = warm_start_config(spec, spec.seeds[0], out)
+            print(f"shared warm start per seed: {warm.sft_warm_start_steps} SFT steps on {warm.sft_tasks} oracle "
+                  f"demonstrations under the {warm.design} design -> {out / 'warm-start'}")
+        targets = resolve_eval_set(spec.eval.configs, make_design(default_space(), spec.eval.design, seed=spec.eval.seed),
+                                   held_out=spec.eval.held_out, seed=spec.eval.seed)
+        sides = Counter("in-space" if t.group in ("in_space", "train") else "out-of-space" for t in targets)
+        print("evaluation per arm and seed: " + ", ".join(
+            f"{n * spec.eval.tasks * spec.eval.k} {side} episodes" for side, n in sorted(sides.items())))
         for arm in spec.arms:
             cfg = arm_config(spec, arm, spec.seeds[0], out)
+            if arm.control == "sft-only":
+                print(f"  {arm.name:<22} control: the warm start alone, no RL step")
+                continue
             bound = executor_rollouts_bound(cfg)
             rescue = f"rescue {cfg.rescue}" + (f" ({cfg.router}, K={cfg.rescue_k})" if cfg.rescue == "siblings" else "")
             if cfg.rollout_through != "harness" or cfg.objective != "rl":

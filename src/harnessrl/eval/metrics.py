@@ -73,3 +73,42 @@ def score_runs(correct_per_task: Sequence[Sequence[bool]], k: int, seed: int = 0
     out["avg_at_k"] = float(np.mean(per_unit_avg)) if runs else 0.0
     out["avg_at_k_ci"] = list(bootstrap_ci(per_unit_avg, seed=seed))
     return out
+
+
+def paired_bootstrap_ci(
+    differences: Sequence[float], n_boot: int = 2000, alpha: float = 0.05, seed: int = 0
+) -> tuple[float, float]:
+    """Returns the percentile bootstrap interval of the mean of paired differences (arm minus
+    reference on the same units), resampling units: the interval of a gain measured on the
+    same tasks x configurations, narrower than the difference of two independent intervals
+    whenever the two arms succeed on the same units."""
+    return bootstrap_ci(differences, n_boot=n_boot, alpha=alpha, seed=seed)
+
+
+def sign_test(wins: int, losses: int) -> float:
+    """Returns the two-sided exact sign test p-value of ``wins`` units better and ``losses``
+    units worse (ties dropped): 2 P(X <= min(wins, losses)) for X ~ Binomial(wins + losses, 1/2),
+    capped at 1. With binary outcomes per unit this is the exact McNemar test."""
+    if wins < 0 or losses < 0:
+        raise ValueError(f"need wins, losses >= 0, got {wins}, {losses}")
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    tail = sum(comb(n, i) for i in range(min(wins, losses) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def paired_comparison(arm: dict[object, float], reference: dict[object, float], seed: int = 0) -> dict[str, object]:
+    """Returns the paired comparison of two arms' per-unit scores (unit -> Pass@1 of that
+    unit), on the units both have: the mean difference, its paired bootstrap interval, the
+    units won, lost and tied, and the sign-test p-value."""
+    units = sorted(set(arm) & set(reference), key=repr)
+    diffs = [arm[u] - reference[u] for u in units]
+    wins, losses = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+    return {
+        "units": len(units),
+        "difference": float(np.mean(diffs)) if diffs else None,
+        "difference_ci": list(paired_bootstrap_ci(diffs, seed=seed)) if diffs else None,
+        "wins": int(wins), "losses": int(losses), "ties": len(units) - int(wins) - int(losses),
+        "sign_test_p": sign_test(int(wins), int(losses)),
+    }

@@ -7,7 +7,7 @@ when it loads: a script error or an image that fails to load shows a red banner 
 
 Builders: ``eval_sections`` (the results of one evaluation), ``write_run_report`` (a
 training run folder), ``write_eval_report`` (an `harnessrl eval` output folder);
-``experiment.py`` builds the experiment report with the same ``Doc``.
+``harnessrl.experiment`` builds the experiment report with the same ``Doc``.
 """
 
 from __future__ import annotations

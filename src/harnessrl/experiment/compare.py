@@ -1,0 +1,336 @@
+"""Comparing the finished arms of an experiment: the paper-shaped table (in-space,
+out-of-space, overall, gains with intervals), paired tests against the reference arm on the
+same evaluation units, and the HTML/Markdown report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harnessrl.experiment.spec import COST_FIELDS, MARKER, write_json_atomic
+
+
+def _finished(out: Path, spec: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    by_arm: dict[str, list[dict[str, Any]]] = {}
+    for arm in spec["arms"]:
+        for seed in spec["seeds"]:
+            marker = out / "arms" / f"{arm['name']}-seed{seed}" / MARKER
+            if marker.exists():
+                by_arm.setdefault(arm["name"], []).append(json.loads(marker.read_text(encoding="utf-8")))
+    return by_arm
+
+
+def compare(out_dir: str | Path) -> dict[str, Any]:
+    """Returns the comparison of the finished arms of an experiment folder: per arm, Pass@1
+    in-space / out-of-space / overall (mean over seeds, pooled 95% interval) and the gain
+    over the reference arm."""
+    from harnessrl.eval.evaluate import score_trajectories
+    from harnessrl.eval.metrics import bootstrap_ci_mean_of_means, paired_comparison
+    from harnessrl.trajectory import load_jsonl
+
+    out = Path(out_dir)
+    meta = json.loads((out / "experiment.json").read_text(encoding="utf-8"))
+    spec = meta["spec"]
+    groups = {name: group for name, group in meta["targets"]}
+    finished = _finished(out, spec)
+    rows: dict[str, dict[str, Any]] = {}
+    units: dict[str, dict[str, dict[tuple[Any, ...], float]]] = {}  # arm -> group -> (seed, task, harness) -> Pass@1
+    for arm in spec["arms"]:
+        markers = finished.get(arm["name"], [])
+        if not markers:
+            continue
+        row: dict[str, Any] = {"arm": arm["name"], "description": arm.get("description", ""),
+                               "design": markers[0]["config"]["design"], "train_configs": len(markers[0]["train_configs"]),
+                               "pairing": markers[0]["config"]["pairing"], "k": markers[0]["config"]["k"],
+                               "rescue": markers[0]["config"].get("rescue", "none"),
+                               "router": markers[0]["config"].get("router"),
+                               "seeds": [m["seed"] for m in markers]}
+        spent = [m.get("rollouts") or {} for m in markers]
+        row["rollouts"] = {key: _mean([s.get(key) for s in spent]) for key in
+                           ("first_pass", "rescue", "validation", "vs_grpo", "valid_group_ratio",
+                            "effective_token_ratio", "rescue_success_rate", "rescue_trigger_rate", *COST_FIELDS)}
+        row["rollout_through"] = markers[0]["config"].get("rollout_through", "harness")
+        row["objective"] = markers[0]["config"].get("objective", "rl")
+        pooled = []
+        for m in markers:
+            path = out / "arms" / f"{arm['name']}-seed{m['seed']}" / "eval" / "experiment.jsonl"
+            runs = load_jsonl(path) if path.exists() else []
+            pooled += runs
+            for group in ("in_space", "out_of_space"):
+                units.setdefault(arm["name"], {}).setdefault(group, {}).update(
+                    {(m["seed"], *unit): score for unit, score in unit_table(runs, groups, group).items()})
+        row["control"] = arm.get("control")
+        pooled_scores = score_trajectories(pooled, spec["eval"]["k"], groups).to_dict() if pooled else {"per_group": {}}
+        for group in ("in_space", "out_of_space", "external"):
+            values = [m["results"]["per_group"][group]["pass_at_1"] for m in markers if group in m["results"]["per_group"]]
+            row[group] = float(np.mean(values)) if values else None
+            row[f"{group}_seed_std"] = float(np.std(values)) if len(values) > 1 else None
+            row[f"{group}_ci"] = pooled_scores["per_group"].get(group, {}).get("pass_at_1_ci")
+        # The training configurations themselves (H0 for a single-harness design): Pass@k and
+        # Avg@k under them, Harness-S's protocol (Pass@3 / Avg@3 under H0).
+        train_scores = pooled_scores["per_group"].get("train", {})
+        row["train_pass_at_k"], row["train_avg_at_k"] = train_scores.get("pass_at_k"), train_scores.get("avg_at_k")
+        # Overall: in-space and out of it (the paper's overall averages in-space and Claude Code;
+        # an external agent program is out of the space, so it joins the out-of-space side).
+        outside = [row[g] for g in ("out_of_space", "external") if row[g] is not None]
+        parts = [v for v in (row["in_space"], float(np.mean(outside)) if outside else None) if v is not None]
+        row["overall"] = float(np.mean(parts)) if parts else None
+        row["overall_ci"] = list(bootstrap_ci_mean_of_means(
+            [unit_scores(pooled, groups, "in_space"),
+             unit_scores(pooled, groups, "out_of_space") + unit_scores(pooled, groups, "external")])) if pooled else None
+        row["behaviour"] = {name: cell["rate"] for name, cell in pooled_scores.get("behaviour", {}).get("overall", {}).items()}
+        row["wall_time_s"] = sum(m.get("wall_time_s", 0.0) for m in markers)
+        rows[arm["name"]] = row
+    reference = spec.get("reference") or spec["arms"][0]["name"]
+    ref = rows.get(reference)
+    for row in rows.values():
+        for key in ("in_space", "out_of_space", "overall"):
+            gain = None
+            if ref is not None and row[key] is not None and ref[key] is not None:
+                gain = row[key] - ref[key]
+            row[f"gain_{key}"] = gain
+        # Paired on the same (seed, task, harness) units: the test of a gain (see the module docstring).
+        mine, theirs = units.get(row["arm"], {}), units.get(reference, {})
+        row["paired"] = None if ref is None or row["arm"] == reference else {
+            group: paired_comparison(mine.get(group, {}), theirs.get(group, {}))
+            for group in ("in_space", "out_of_space")}
+        if row["paired"] is not None:
+            both = {**{("in", *u): v for u, v in mine.get("in_space", {}).items()},
+                    **{("out", *u): v for u, v in mine.get("out_of_space", {}).items()}}
+            base = {**{("in", *u): v for u, v in theirs.get("in_space", {}).items()},
+                    **{("out", *u): v for u, v in theirs.get("out_of_space", {}).items()}}
+            row["paired"]["all"] = paired_comparison(both, base)
+    result = {"name": spec["name"], "reference": reference, "budget": meta["budget"],
+              "warm_start": meta.get("warm_start"), "seeds": spec["seeds"],
+              "eval": spec["eval"], "arms": list(rows.values()),
+              "missing": [f"{a['name']}-seed{s}" for a in spec["arms"] for s in spec["seeds"]
+                          if not (out / "arms" / f"{a['name']}-seed{s}" / MARKER).exists()]}
+    write_json_atomic(out / "comparison.json", result)
+    (out / "comparison.md").write_text(comparison_markdown(result), encoding="utf-8")
+    return result
+
+
+def _mean(values: list[Any]) -> float | None:
+    present = [float(v) for v in values if v is not None]
+    return float(np.mean(present)) if present else None
+
+
+def unit_table(trajectories: list[Any], groups: dict[str, str], group: str) -> dict[tuple[str, str], float]:
+    """Returns (task, harness) -> Pass@1 of that unit (the mean over its runs) for one group;
+    an external agent program counts on the out-of-space side."""
+    units: dict[tuple[str, str], list[bool]] = {}
+    for t in trajectories:
+        own = groups.get(t.config, "out_of_space" if t.out_of_space else "in_space")
+        if own == group or (group == "out_of_space" and own == "external"):
+            units.setdefault((t.task_id, t.config), []).append(bool(t.passed))
+    return {unit: sum(runs) / len(runs) for unit, runs in units.items()}
+
+
+def unit_scores(trajectories: list[Any], groups: dict[str, str], group: str) -> list[float]:
+    """Returns the Pass@1 of each (task, harness) unit of one group (the mean over its runs)."""
+    units: dict[tuple[str, str], list[bool]] = {}
+    for t in trajectories:
+        if groups.get(t.config, "out_of_space" if t.out_of_space else "in_space") == group:
+            units.setdefault((t.task_id, t.config), []).append(bool(t.passed))
+    return [sum(runs) / len(runs) for runs in units.values()]
+
+
+def comparison_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Returns the paper-shaped table: headers and one row per arm."""
+    from harnessrl.eval.report import pct, pct_ci, signed
+
+    headers = ["arm", "design (configs)", "pairing, K", "seeds", "in-space Pass@1", "95% CI", "out-of-space Pass@1",
+               "95% CI", "overall", "95% CI", f"gain in-space vs {result['reference']}", "gain overall"]
+    rows = [[r["arm"], "SFT-only control" if r.get("control") else f"{r['design']} ({r['train_configs']})",
+             "-" if r.get("control") else f"{r['pairing']}, K={r['k']}", len(r["seeds"]),
+             pct(r["in_space"]), pct_ci(r["in_space_ci"]), pct(r["out_of_space"]), pct_ci(r["out_of_space_ci"]),
+             pct(r["overall"]), pct_ci(r.get("overall_ci")), signed(r["gain_in_space"]), signed(r["gain_overall"])] for r in result["arms"]]
+    if any(r.get("external") is not None for r in result["arms"]):
+        # The agent programs evaluated through (the paper's Claude Code column).
+        headers += ["external agents Pass@1", "95% CI"]
+        for row, r in zip(rows, result["arms"], strict=True):
+            row += [pct(r.get("external")), pct_ci(r.get("external_ci"))]
+    if any(r.get("rollout_through", "harness") != "harness" or r.get("objective", "rl") != "rl" for r in result["arms"]):
+        # Black-box arms: what the equal steps cost (see the module docstring).
+        headers += ["trains through", "update", "prompt tokens", "sampled tokens", "side tokens", "rollout s", "update s"]
+        for row, r in zip(rows, result["arms"], strict=True):
+            spent = r.get("rollouts") or {}
+            row += [r.get("rollout_through", "harness"), r.get("objective", "rl"),
+                    *[f"{spent[key]:.0f}" if spent.get(key) is not None else "-" for key in COST_FIELDS]]
+    if any(r.get("rescue", "none") != "none" for r in result["arms"]):
+        # Harness-S's columns: the signal rescue restores and what it costs in executor rollouts.
+        k = result["eval"]["k"]
+        headers += ["rescue (router)", f"train configs Pass@{k}", f"Avg@{k}", "valid groups", "effective tokens",
+                    "rescue success", "rollouts vs GRPO", "validation rollouts"]
+        for row, r in zip(rows, result["arms"], strict=True):
+            spent = r.get("rollouts") or {}
+            row += [f"{r.get('rescue', 'none')}" + (f" ({r['router']})" if r.get("rescue") == "siblings" else ""),
+                    pct(r.get("train_pass_at_k")), pct(r.get("train_avg_at_k")), pct(spent.get("valid_group_ratio")),
+                    pct(spent.get("effective_token_ratio")), pct(spent.get("rescue_success_rate")),
+                    f"{100 * spent['vs_grpo']:.0f}%" if spent.get("vs_grpo") else "-",
+                    f"{spent['validation']:.0f}" if spent.get("validation") is not None else "-"]
+    return headers, rows
+
+
+def paired_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Returns the paired table against the reference arm: per arm and evaluation side, the
+    mean difference in Pass@1 on the shared units with its paired 95% interval, units won /
+    lost, and the sign-test p-value; plus the tokens the arm's training sampled."""
+    from harnessrl.eval.report import pct_ci, signed
+
+    headers = ["arm"]
+    for side in ("in-space", "out-of-space", "all"):
+        headers += [f"{side} diff", "paired 95% CI", "won/lost", "sign p"]
+    headers += ["sampled tokens (training)"]
+    rows = []
+    for r in result["arms"]:
+        if not r.get("paired"):
+            continue
+        row = [r["arm"]]
+        for group in ("in_space", "out_of_space", "all"):
+            cell = r["paired"].get(group) or {}
+            if not cell.get("units"):
+                row += ["-", "-", "-", "-"]
+                continue
+            row += [signed(cell["difference"]), pct_ci(cell["difference_ci"]), f"{cell['wins']}/{cell['losses']}",
+                    f"{cell['sign_test_p']:.3f}"]
+        tokens = (r.get("rollouts") or {}).get("tokens_generated")
+        row.append(f"{tokens:.0f}" if tokens is not None else "-")
+        rows.append(row)
+    return headers, rows
+
+
+def budget_line(result: dict[str, Any]) -> str:
+    """Returns the one-paragraph statement of the budget every arm ran under."""
+    b, warm = result["budget"], result.get("warm_start")
+    start = (f"shared SFT warm start per seed ({warm['sft_warm_start_steps']} steps on {warm['sft_tasks']} "
+             f"demonstrations under the {warm['design']} design), then" if warm else
+             f"SFT warm start {b['sft_warm_start_steps']} steps on {b['sft_tasks']} demonstrations, then")
+    tokens = f" (at most {b['sampled_tokens_at_most']} sampled tokens in the first pass)" if "sampled_tokens_at_most" in b else ""
+    return (f"Budget per arm: {start} {b['steps']} {b['algorithm'].upper()} steps x {b['tasks_per_step']} tasks x "
+            f"{b['group_size']} rollouts{tokens}, at most {b['max_turns']} turns of {b['max_new_tokens']} tokens; model "
+            f"{b['model']}; seeds {result['seeds']}. Evaluation: {result['eval']['configs']} ({result['eval']['held_out']} "
+            f"held-out), {result['eval']['tasks']} tasks per harness, k={result['eval']['k']}, temperature "
+            f"{result['eval']['temperature']}.")
+
+
+def comparison_markdown(result: dict[str, Any]) -> str:
+    """Returns the comparison table as Markdown, with the budget it was run under and the
+    paired comparison against the reference arm."""
+    headers, rows = comparison_rows(result)
+    lines = [f"# Experiment `{result['name']}`", "", budget_line(result),
+             "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    headers, rows = paired_rows(result)
+    if rows:
+        lines += ["", f"Paired against {result['reference']} on the same (seed, task, harness) units "
+                  "(difference in Pass@1 points; paired bootstrap interval; exact sign test):", "",
+                  "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+        lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    if result["missing"]:
+        lines += ["", f"Not finished yet: {', '.join(result['missing'])}."]
+    return "\n".join(lines) + "\n"
+
+
+def write_experiment_report(out_dir: str | Path) -> Path:
+    """(Re)builds DIR/report/ of an experiment: the comparison table, bars, learning curves,
+    per-level heatmaps and distance curves per arm, behaviours, sample transcripts."""
+    from harnessrl.eval.behaviour import BEHAVIOURS
+    from harnessrl.eval.report import (
+        Doc,
+        eval_sections,
+        make_decoder,
+        pct,
+        plot_distance,
+        plot_learning_curves,
+        plot_level_heatmap,
+        pyplot,
+        read_jsonl_records,
+    )
+    from harnessrl.trajectory import load_jsonl
+
+    out = Path(out_dir)
+    result = compare(out)
+    spec = json.loads((out / "experiment.json").read_text(encoding="utf-8"))["spec"]
+    doc = Doc(f"Experiment {result['name']}", out / "report")
+    if spec.get("description"):
+        doc.para(spec["description"])
+    doc.para(budget_line(result))
+    doc.heading("Comparison")
+    headers, rows = comparison_rows(result)
+    doc.table(headers, rows)
+    headers, rows = paired_rows(result)
+    if rows:
+        doc.heading(f"Paired against {result['reference']}")
+        doc.para("Difference in Pass@1 points on the same (seed, task, harness) units, its paired bootstrap "
+                 "interval, units won / lost, and the exact sign test.")
+        doc.table(headers, rows)
+    if result["missing"]:
+        doc.para(f"Not finished yet: {', '.join(result['missing'])}.")
+    arms = result["arms"]
+    if arms:
+        plt = pyplot()
+        fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(arms) + 2), 3.6))
+        xs = np.arange(len(arms))
+        for offset, key, colour in ((-0.27, "in_space", "#1e88e5"), (0.0, "out_of_space", "#fb8c00"), (0.27, "overall", "#43a047")):
+            values = [100 * (a[key] or 0.0) for a in arms]
+            errors = None
+            if key != "overall":
+                lows = [100 * ((a[f"{key}_ci"] or [a[key] or 0.0])[0]) for a in arms]
+                highs = [100 * ((a[f"{key}_ci"] or [0.0, a[key] or 0.0])[-1]) for a in arms]
+                errors = [[max(0.0, v - lo) for v, lo in zip(values, lows, strict=True)],
+                          [max(0.0, hi - v) for v, hi in zip(values, highs, strict=True)]]
+            ax.bar(xs + offset, values, 0.27, yerr=errors, capsize=3, label=key.replace("_", "-"), color=colour)
+        ax.set_xticks(xs, [a["arm"] for a in arms], rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("Pass@1 (%)")
+        ax.set_ylim(0, 100)
+        ax.legend(fontsize=8)
+        doc.figure("comparison", fig, "Pass@1 per arm (mean over seeds; bars: pooled 95% bootstrap interval)")
+        series: dict[str, list[dict[str, Any]]] = {}
+        for arm in arms:
+            per_seed = [read_jsonl_records(out / "arms" / f"{arm['arm']}-seed{s}" / "metrics.jsonl") for s in arm["seeds"]]
+            steps = sorted({r["step"] for records in per_seed for r in records})
+            series[arm["arm"]] = [
+                {"step": step, **{key: float(np.mean([r[key] for records in per_seed for r in records if r["step"] == step]))
+                                  for key in ("reward_mean", "pass_rate")}}
+                for step in steps
+            ]
+        doc.heading("Learning curves")
+        doc.figure("learning-curves", plot_learning_curves(series, ["reward_mean", "pass_rate"]),
+                   "Training rollouts per step, mean over seeds")
+        doc.heading("Per factor level and distance to training")
+        curves = {}
+        for arm in arms:
+            trajectories = []
+            for s in arm["seeds"]:
+                path = out / "arms" / f"{arm['arm']}-seed{s}" / "eval" / "experiment.jsonl"
+                trajectories += load_jsonl(path) if path.exists() else []
+            marker = json.loads((out / "arms" / f"{arm['arm']}-seed{arm['seeds'][0]}" / MARKER).read_text(encoding="utf-8"))
+            analysis = marker["results"].get("analysis") or {}
+            if analysis.get("marginals"):
+                doc.figure(f"levels-{arm['arm']}", plot_level_heatmap(analysis["marginals"], arm["arm"]),
+                           f"{arm['arm']}: Pass@1 per factor level (seed {arm['seeds'][0]})")
+            if analysis.get("distance"):
+                curves[arm["arm"]] = analysis["distance"]
+        if curves:
+            doc.figure("distance", plot_distance(curves), "Pass@1 against distance to each arm's nearest training configuration")
+        doc.heading("Behaviour metrics (pooled over seeds)")
+        doc.table(["arm", *BEHAVIOURS], [[a["arm"], *[pct(a["behaviour"].get(b)) for b in BEHAVIOURS]] for a in arms])
+        best = max(arms, key=lambda a: a["overall"] or 0.0)
+        path = out / "arms" / f"{best['arm']}-seed{best['seeds'][0]}" / "eval" / "experiment.jsonl"
+        if path.exists():
+            trajectories = load_jsonl(path)
+            marker = json.loads((out / "arms" / f"{best['arm']}-seed{best['seeds'][0]}" / MARKER).read_text(encoding="utf-8"))
+            doc.heading(f"Best arm in detail: {best['arm']} (seed {best['seeds'][0]})")
+            eval_sections(doc, marker["results"], trajectories, f"best-{best['arm']}",
+                          decode=make_decoder(trajectories, marker["config"].get("model")))
+        doc.heading("Runs")
+        for arm in arms:
+            for s in arm["seeds"]:
+                run = out / "arms" / f"{arm['arm']}-seed{s}"
+                if (run / "report" / "index.html").exists():
+                    doc.link(f"{arm['arm']} seed {s}: training report", f"../arms/{run.name}/report/index.html")
+    return doc.write()

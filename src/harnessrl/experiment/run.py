@@ -1,0 +1,155 @@
+"""Running an experiment: each seed's shared warm start, then every unfinished (arm, seed)
+trained and evaluated under the shared protocol, with an atomic marker per finished run."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harnessrl.experiment.compare import compare, write_experiment_report
+from harnessrl.experiment.spec import (
+    COST_FIELDS,
+    MARKER,
+    ExperimentSpec,
+    Logger,
+    arm_config,
+    arm_id,
+    budget,
+    warm_start_config,
+    warm_start_model,
+    write_json_atomic,
+)
+
+
+def executor_rollouts(run_dir: Path) -> dict[str, Any]:
+    """Returns the executor rollouts an arm spent, from its metrics: training (first pass and
+    rescue) and paired validation, and the training rollouts relative to plain GRPO's first pass."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+               if line.strip()] if (run_dir / "metrics.jsonl").exists() else []
+    rescue = sum(int(r.get("rescue/rescue_rollouts", 0)) for r in records)
+    first = sum(int(r.get("episodes", 0)) for r in records) - rescue
+    validation = sum(int(r.get("rescue_anchor", {}).get("episodes", 0)) for r in records)
+    state = run_dir / "checkpoints"
+    finals = sorted(state.glob("step-*/trainer_state.json")) if state.exists() else []
+    if finals:
+        validation += int(json.loads(finals[-1].read_text(encoding="utf-8")).get("final_anchor", {}).get("episodes", 0))
+    cost = {key: sum(float(r.get(key, 0)) for r in records) for key in COST_FIELDS}
+    ratios = {key: float(np.mean([r[key] for r in records if key in r])) if any(key in r for r in records) else None
+              for key in ("valid_group_ratio", "effective_token_ratio", "rescue/rescue_success_rate",
+                          "rescue/rescue_trigger_rate")}
+    return {"first_pass": first, "rescue": rescue, "validation": validation,
+            "vs_grpo": (first + rescue) / first if first else None, **{k.split("/")[-1]: v for k, v in ratios.items()},
+            **cost}
+
+
+
+def shared_warm_start(spec: ExperimentSpec, seed: int, out: Path, log: Logger = print) -> Path:
+    """Trains (or finds) the seed's shared warm start and returns the model folder the arms
+    start from; a killed warm start is redone (it has no checkpoint before it ends)."""
+    from harnessrl.rl.loop import Trainer
+
+    cfg = warm_start_config(spec, seed, out)
+    run_dir = Path(cfg.run_dir)
+    marker = run_dir / "warm_start.json"
+    if marker.exists():
+        done = json.loads(marker.read_text(encoding="utf-8"))
+        if done.get("config") != cfg.model_dump():
+            raise ValueError(f"{run_dir}: a warm start with a different config is there; delete the experiment's "
+                             "warm-start and arms folders to rerun with the new one")
+        return warm_start_model(out, seed)
+    log(f"[warm-start-seed{seed}] SFT warm start: {cfg.sft_warm_start_steps} steps on {cfg.sft_tasks} "
+        f"demonstrations under the {cfg.design} design, shared by every arm of seed {seed}")
+    started = time.time()
+    trainer = Trainer(cfg, resume=True, log=lambda m: log(f"[warm-start-seed{seed}] {m}"))
+    trainer.run()
+    write_json_atomic(marker, {"seed": seed, "config": cfg.model_dump(), "warm_start": trainer.state.get("warm_start"),
+                           "wall_time_s": round(time.time() - started, 1)})
+    del trainer
+    return warm_start_model(out, seed)
+
+
+def run_experiment(spec: ExperimentSpec, out_dir: str | Path, log: Logger = print, source: str = "") -> dict[str, Any]:
+    """Runs every unfinished (arm, seed), evaluates it, and writes the table and report;
+    returns the comparison."""
+    from harnessrl.design import make_design
+    from harnessrl.eval.evaluate import evaluate
+    from harnessrl.eval.report import write_run_report
+    from harnessrl.eval.sets import resolve_eval_set
+    from harnessrl.external.run import ExternalConfig
+    from harnessrl.harness.registry import default_space
+    from harnessrl.rl.loop import Trainer
+    from harnessrl.tasks.suite import select_tasks
+    from harnessrl.trajectory import save_jsonl
+
+    out = Path(out_dir)
+    (out / "arms").mkdir(parents=True, exist_ok=True)
+    configs = {arm_id(arm, seed): arm_config(spec, arm, seed, out) for arm in spec.arms for seed in spec.seeds}
+    trained = [arm for arm in spec.arms if arm.control is None]
+    for seed in spec.seeds:  # cannot differ while arms may only set ARM_FIELDS; checked anyway
+        budgets = {json.dumps(budget(configs[arm_id(arm, seed)]), sort_keys=True) for arm in trained}
+        if len(budgets) != 1:
+            raise ValueError(f"arms of {spec.name} do not share one budget (seed {seed}): {sorted(budgets)}")
+    eval_design = make_design(default_space(), spec.eval.design, seed=spec.eval.seed)
+    targets = resolve_eval_set(spec.eval.configs, eval_design, held_out=spec.eval.held_out, seed=spec.eval.seed)
+    warm = warm_start_config(spec, spec.seeds[0], out) if spec.warm_start is not None else None
+    write_json_atomic(out / "experiment.json", {
+        "spec": spec.model_dump(), "source": source, "budget": budget(configs[arm_id(trained[0], spec.seeds[0])]),
+        "warm_start": None if warm is None else {name: getattr(warm, name) for name in (
+            "design", "sft_warm_start_steps", "sft_tasks", "sft_learning_rate", "tiers", "families")},
+        "targets": [[t.name, t.group] for t in targets],
+        "runs": [{"arm": arm.name, "seed": seed, "id": arm_id(arm, seed)} for seed in spec.seeds for arm in spec.arms],
+    })
+    # Seeds outer: an interrupted experiment has whole seeds to compare, not whole arms.
+    for seed in spec.seeds:
+        if spec.warm_start is not None:
+            shared_warm_start(spec, seed, out, log)
+        for arm in spec.arms:
+            run_id = arm_id(arm, seed)
+            cfg = configs[run_id]
+            run_dir = Path(cfg.run_dir)
+            marker = run_dir / MARKER
+            if marker.exists():
+                done = json.loads(marker.read_text(encoding="utf-8"))
+                if done.get("config") != cfg.model_dump() or done.get("eval") != spec.eval.model_dump():
+                    raise ValueError(
+                        f"{run_dir}: finished with a different config or evaluation than {source or spec.name} "
+                        "now asks for; delete that folder to rerun the arm, or give the arm a new name"
+                    )
+                log(f"[{run_id}] finished earlier: skipped")
+                continue
+            what = ("control: the warm start alone, no RL step" if arm.control == "sft-only" else
+                    f"design {cfg.design}, pairing {cfg.pairing}, K={cfg.k}, rescue {cfg.rescue}, "
+                    f"through {cfg.rollout_through} ({cfg.objective}), {cfg.steps} steps")
+            log(f"[{run_id}] training: {what}")
+            started = time.time()
+            trainer = Trainer(cfg, resume=True, log=lambda m, r=run_id: log(f"[{r}] {m}"))
+            trainer.run()
+            tasks = select_tasks(cfg.suite, cfg.eval_split, spec.eval.tasks, spec.eval.seed, cfg.tiers, cfg.families)
+            result = evaluate(
+                trainer.policy, targets, tasks, k=spec.eval.k, limits=trainer.limits,
+                temperature=spec.eval.temperature, max_new_tokens=cfg.max_new_tokens, seed=spec.eval.seed,
+                max_concurrent=cfg.max_concurrent, env_workers=cfg.env_workers, backend=cfg.sandbox_backend,
+                design=trainer.design, progress=True,
+                # Agent programs evaluated through get the per-turn token limit of in-space episodes.
+                external=ExternalConfig(max_steps=cfg.agent_max_steps, time_limit_s=cfg.agent_time_limit_s,
+                                        max_tokens=cfg.max_new_tokens,
+                                        backend="auto" if cfg.sandbox_backend == "none" else cfg.sandbox_backend),
+            )
+            save_jsonl(result.trajectories, run_dir / "eval" / "experiment.jsonl")
+            results = result.to_dict()
+            write_json_atomic(marker, {
+                "arm": arm.model_dump(), "seed": seed, "config": cfg.model_dump(), "eval": spec.eval.model_dump(),
+                "train_configs": trainer.design.codes, "results": results, "rollouts": executor_rollouts(run_dir),
+                "wall_time_s": round(time.time() - started, 1), "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            })
+            in_space = results["per_group"].get("in_space", {}).get("pass_at_1")
+            log(f"[{run_id}] evaluated: in-space Pass@1 {in_space}")
+            write_run_report(run_dir)
+            del trainer
+    comparison = compare(out)
+    write_experiment_report(out)
+    return comparison

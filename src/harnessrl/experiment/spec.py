@@ -1,0 +1,265 @@
+"""The experiment file: arms, seeds, the shared warm start and evaluation, validated; each
+(arm, seed)'s training config and the budget it runs under (see ``harnessrl.experiment``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from harnessrl.rl.config import TrainConfig, load_config
+
+Logger = Callable[[str], None]
+ARM_FIELDS = ("design", "design_n", "base_harness", "pairing", "k",
+              "rescue", "rescue_k", "siblings", "router", "router_per_family", "mixture_fraction",
+              "profile_voters", "rollout_through", "objective", "sft_source")
+# Set by the experiment for every arm; a base config must not set them.
+MANAGED_FIELDS = ("run_dir", "seed", "eval_held_out", "eval_out_of_space", "eval_base", "eval_every")
+MARKER = "arm_result.json"
+# What a shared warm start may set (the arms then all start from its checkpoint).
+WARM_START_FIELDS = ("design", "design_n", "base_harness", "sft_warm_start_steps", "sft_tasks", "sft_learning_rate",
+                     "sft_lr_schedule", "sft_harness_run", "tiers", "families")
+
+
+class ArmSpec(BaseModel):
+    """One training arm: what it changes relative to the base config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="arm name (a folder name: letters, digits, '-', '_', '.')")
+    description: str = Field("", description="what this arm is, for the report")
+    design: Literal["orthogonal", "first-order", "random", "full", "single"] | None = Field(None, description="training design")
+    design_n: int | None = Field(None, ge=1, description="size of a random design (paper: 18)")
+    base_harness: str | None = Field(None, description="H0 for single / first-order designs")
+    pairing: Literal["neighbour", "repeat", "random"] | None = Field(None, description="pairing strategy")
+    k: int | None = Field(None, ge=1, description="configurations per task (paper: 2)")
+    rescue: Literal["none", "siblings", "h0", "mixture"] | None = Field(
+        None, description="Harness-S: what replaces an all-fail group (see TrainConfig.rescue)")
+    rescue_k: int | None = Field(None, ge=1, description="rollouts of a rescue group (paper: 8)")
+    siblings: str | None = Field(None, description="sibling source: space or space:R (see TrainConfig.siblings)")
+    router: Literal["validation", "profile", "random"] | None = Field(None, description="sibling router")
+    profile_voters: list[str] | None = Field(None, description="profile routing: voters, MODEL@URL each")
+    router_per_family: bool | None = Field(None, description="validation routing per task family")
+    mixture_fraction: float | None = Field(None, ge=0.0, le=1.0, description="sibling share for rescue: mixture")
+    rollout_through: str | None = Field(
+        None, description="black-box training: 'ext:<agent>' runs every rollout through that agent program "
+        "(see TrainConfig.rollout_through); 'harness' (the default) is white-box")
+    objective: Literal["rl", "sft"] | None = Field(None, description="rl (GRPO) or sft on the step's successful runs")
+    sft_source: Literal["policy", "gold"] | None = Field(
+        None, description="objective sft: the policy's own successful runs, or gold replayed through the agent")
+    control: Literal["sft-only"] | None = Field(
+        None, description="sft-only: no RL step; the arm is the warm start alone, evaluated like the others "
+        "(the control that says what RL added)")
+
+
+class EvalSpec(BaseModel):
+    """The evaluation every arm gets, identical across arms."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    configs: str = Field("held-out,out-of-space", description="evaluation set (see resolve_eval_set)")
+    design: Literal["orthogonal", "first-order", "random", "full", "single"] = Field(
+        "orthogonal", description="the design held-out configurations are drawn against (the paper's OA(18))")
+    held_out: int = Field(18, ge=0, description="held-out in-space configurations (paper: 18)")
+    tasks: int = Field(16, ge=1, description="test tasks per harness")
+    k: int = Field(1, ge=1, description="runs per task")
+    temperature: float = Field(0.0, ge=0.0, description="sampling temperature (0 = greedy)")
+    seed: int = Field(0, description="seed of the held-out draw and of the test-task order")
+
+
+class ExperimentSpec(BaseModel):
+    """An experiment file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="experiment name (default output folder experiments/<name>)")
+    description: str = Field("", description="what is compared, for the report")
+    base: dict[str, Any] = Field(default_factory=dict, description="TrainConfig fields shared by every arm; may name a preset")
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="training seeds of every arm")
+    reference: str | None = Field(None, description="arm the gains are measured against (default: the first arm)")
+    warm_start: dict[str, Any] | None = Field(
+        None, description="one SFT warm start per seed shared by every arm: TrainConfig fields of the warm-start "
+        f"run over base ({', '.join(WARM_START_FIELDS)}); the arms then start from its checkpoint with no warm "
+        "start of their own. Without it each arm warm-starts under its own training harnesses")
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    arms: list[ArmSpec] = Field(min_length=1, description="the arms")
+
+
+def _spec_error(path: str, exc: ValidationError) -> str:
+    lines = [f"{path}: invalid experiment file"]
+    for err in exc.errors():
+        loc = list(err["loc"])
+        where = ".".join(str(p) for p in loc) or "(root)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            if loc[:1] == ["arms"]:
+                msg = f"unknown arm field; an arm may set only: name, description, {', '.join(ARM_FIELDS)} (budget fields go in base)"
+            elif loc[:1] == ["eval"]:
+                msg = f"unknown eval field; valid: {', '.join(EvalSpec.model_fields)}"
+            else:
+                msg = f"unknown field; valid top-level fields: {', '.join(ExperimentSpec.model_fields)}"
+        lines.append(f"  field {where}: {msg}")
+    return "\n".join(lines)
+
+
+def load_experiment(path: str | Path) -> ExperimentSpec:
+    """Returns the validated experiment; raises ``ValueError`` naming file, field and fix."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping with name, base, seeds, eval and arms at the top level")
+    try:
+        spec = ExperimentSpec(**data)
+    except ValidationError as exc:
+        raise ValueError(_spec_error(str(path), exc)) from None
+    names = [arm.name for arm in spec.arms]
+    for arm in spec.arms:
+        if not arm.name or any(not (c.isalnum() or c in "-_.") for c in arm.name):
+            raise ValueError(f"{path}: field arms.{arm.name!r}.name: use letters, digits, '-', '_' or '.' only")
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"{path}: field arms: arm names repeat ({', '.join(duplicates)}); give each arm its own name")
+    if spec.reference is not None and spec.reference not in names:
+        raise ValueError(f"{path}: field reference: {spec.reference!r} is not an arm; choose one of {', '.join(names)}")
+    for name in MANAGED_FIELDS:
+        if name in spec.base:
+            raise ValueError(f"{path}: field base.{name}: set by the experiment for every arm; remove it "
+                             "(seeds go in `seeds`, evaluation in `eval`)")
+    if spec.warm_start is not None:
+        extra = sorted(set(spec.warm_start) - set(WARM_START_FIELDS))
+        if extra:
+            raise ValueError(f"{path}: field warm_start.{extra[0]}: a shared warm start may set only "
+                             f"{', '.join(WARM_START_FIELDS)}")
+        if not warm_start_config(spec, spec.seeds[0], Path("/nonexistent"), source=str(path)).sft_warm_start_steps:
+            raise ValueError(f"{path}: field warm_start.sft_warm_start_steps: a shared warm start needs at least "
+                             "one SFT step (set it here or in base)")
+    if not any(arm.control is None for arm in spec.arms):
+        raise ValueError(f"{path}: field arms: every arm is a control; add a training arm")
+    from harnessrl.design import make_design
+    from harnessrl.harness.registry import default_space
+
+    for arm in spec.arms:  # every arm must build a valid training config and schedule
+        cfg = arm_config(spec, arm, spec.seeds[0], Path("/nonexistent"), source=str(path))
+        try:
+            size = len(make_design(default_space(), cfg.design, n=cfg.design_n, seed=cfg.seed, base=cfg.base_harness))
+        except ValueError as exc:
+            raise ValueError(f"{path}: arm {arm.name!r}: field design: {exc}") from None
+        if cfg.pairing != "repeat" and cfg.k > size:
+            raise ValueError(
+                f"{path}: arm {arm.name!r}: field k: K={cfg.k} with {cfg.pairing} pairing needs {cfg.k} distinct "
+                f"configurations, the {cfg.design} design has {size}; set pairing: repeat (the same harness on "
+                f"K successive steps) or k: {size}"
+            )
+    return spec
+
+
+def arm_id(arm: ArmSpec, seed: int) -> str:
+    return f"{arm.name}-seed{seed}"
+
+
+def arm_config(spec: ExperimentSpec, arm: ArmSpec, seed: int, out_dir: Path, source: str = "experiment") -> TrainConfig:
+    """Returns the training config of one (arm, seed): base, then the arm's changes, then
+    what the experiment manages (seed, run folder, no built-in evaluation)."""
+    base = dict(spec.base)
+    preset = base.pop("preset", None)
+    overrides = {**base, **arm.model_dump(include=set(ARM_FIELDS), exclude_none=True),
+                 "seed": seed, "run_dir": str(out_dir / "arms" / arm_id(arm, seed)),
+                 "eval_held_out": 0, "eval_out_of_space": False, "eval_base": False, "eval_every": 0}
+    if spec.warm_start is not None:  # every arm continues the seed's shared warm start
+        overrides.update(model=str(warm_start_model(out_dir, seed)), sft_warm_start_steps=0)
+    if arm.control == "sft-only":
+        overrides["steps"] = 0
+    try:
+        return load_config(None, preset or "quick", overrides)
+    except ValueError as exc:
+        # load_config names its source "overrides": say which fields of the file they are
+        where = "base" if set(_bad_fields(str(exc))) <= set(base) | {"preset"} else "arm"
+        text = str(exc).replace("overrides: invalid training config", "invalid training config", 1)
+        if where == "base":
+            text = text.replace("  field ", "  field base.")
+        raise ValueError(f"{source}: arm {arm.name!r}: {text}") from None
+
+
+def warm_start_dir(out_dir: Path, seed: int) -> Path:
+    """Returns the folder of a seed's shared warm-start run."""
+    return out_dir / "warm-start" / f"seed{seed}"
+
+
+def warm_start_model(out_dir: Path, seed: int) -> Path:
+    """Returns the model folder the arms of ``seed`` start from (the warm start's step-0 checkpoint)."""
+    return warm_start_dir(out_dir, seed) / "checkpoints" / "step-000000" / "model"
+
+
+def warm_start_config(spec: ExperimentSpec, seed: int, out_dir: Path, source: str = "experiment") -> TrainConfig:
+    """Returns the training config of a seed's shared warm start: base, then the file's
+    ``warm_start`` fields, no RL step and no evaluation."""
+    base = dict(spec.base)
+    preset = base.pop("preset", None)
+    overrides = {**base, **(spec.warm_start or {}), "steps": 0, "seed": seed,
+                 "run_dir": str(warm_start_dir(out_dir, seed)),
+                 "eval_held_out": 0, "eval_out_of_space": False, "eval_base": False, "eval_every": 0}
+    try:
+        return load_config(None, preset or "quick", overrides)
+    except ValueError as exc:
+        text = str(exc).replace("overrides: invalid training config", "invalid training config", 1)
+        raise ValueError(f"{source}: warm_start: {text}") from None
+
+
+def _bad_fields(message: str) -> list[str]:
+    return [line.split("field ", 1)[1].split(":", 1)[0] for line in message.splitlines() if line.startswith("  field ")]
+
+
+BUDGET_FIELDS = ("steps", "tasks_per_step", "group_size", "max_turns", "max_new_tokens", "context_tokens",
+                 "max_train_tasks", "sft_warm_start_steps", "sft_tasks", "algorithm", "model")
+
+
+def budget(cfg: TrainConfig) -> dict[str, Any]:
+    """Returns the fields that make up an arm's budget (equal across the RL arms of a seed by
+    construction), with the bound on the tokens the first pass may sample."""
+    return {**{name: getattr(cfg, name) for name in BUDGET_FIELDS},
+            "sampled_tokens_at_most": cfg.steps * cfg.tasks_per_step * cfg.group_size * cfg.max_turns
+            * cfg.max_new_tokens}
+
+
+COST_FIELDS = ("tokens_prompt", "tokens_generated", "tokens_side", "rollout_time_s", "update_time_s")
+"""What an arm's rollouts cost, summed over its steps' metrics (see the module docstring)."""
+
+
+
+
+def executor_rollouts_bound(cfg: TrainConfig) -> dict[str, int]:
+    """Returns an arm's executor rollouts before it runs: the first pass (steps x tasks x G, as
+    plain GRPO), the most rescue can add (K per group, when every group dies), and the paired
+    validation of sibling rescue with validation routing (harnesses x tasks per anchor)."""
+    first_pass = cfg.steps * cfg.tasks_per_step * cfg.group_size
+    rescue_max = cfg.steps * cfg.tasks_per_step * cfg.rescue_k if cfg.rescue in ("siblings", "h0") else 0
+    validation = 0
+    if cfg.rescue == "siblings" and cfg.router in ("validation", "profile"):
+        from harnessrl.design import make_design
+        from harnessrl.harness.registry import default_space
+
+        space = default_space()
+        design = make_design(space, cfg.design, n=cfg.design_n, seed=cfg.seed, base=cfg.base_harness)
+        from harnessrl.rl.rescue import Rescue
+
+        rescue = Rescue(cfg, design.codes, [], lambda name: None, lambda step, index: 0, log=lambda m: None,
+                        check_endpoints=False)
+        harnesses = set(rescue.validation_harnesses())
+        anchors = 1 + (cfg.steps // cfg.reanchor_every if cfg.reanchor_every else 0)
+        validation = anchors * len(harnesses) * cfg.rescue_validation_tasks
+    return {"first_pass": first_pass, "rescue_at_most": rescue_max, "validation": validation}
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Writes ``data`` as JSON through a rename, so a killed run never leaves half a marker."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    os.replace(tmp, path)

@@ -73,3 +73,44 @@ def test_profile_routing_without_voters_refuses_to_start():
     with pytest.raises(ValueError, match="router 'profile' needs profile_voters"):
         TrainConfig(rescue="siblings", router="profile")
     assert TrainConfig(rescue="siblings", router="profile", profile_voters=["m@http://127.0.0.1:1"]).router == "profile"
+
+
+def test_eval_route_over_a_pool_folder_with_profile_voters_over_http(tmp_path, capsys):
+    """`eval --route pool:DIR --router profile`: the pool's members are the candidates, the
+    profiles are written and the votes cast over HTTP, and the voted member is Rank-1."""
+    from harnessrl.cli import main
+    from harnessrl.rescue.pool import Pool
+
+    folder = tmp_path / "pool"
+    assert main(["pool", "from-space", "--base", H0, "--out", str(folder)]) == 0
+    pool = Pool.load(folder)
+    chosen = pool.member_name(pool.ids[3])
+
+    def respond(context):
+        prompt = context.messages[-1]["content"]
+        if "Describe WHEN" in prompt:
+            return json.dumps({"prefer": [{"when": "file tasks", "behavior": "reads first"}], "avoid": []})
+        if "Rank the candidate harnesses" in prompt:
+            assert chosen in prompt  # the voter is shown the pool's members by name
+            return json.dumps({"ranking": [chosen]})
+        return "?"
+
+    out = tmp_path / "route"
+    with running(Scripted(respond)) as (server, _, _):
+        assert main(["eval", "--policy", "oracle", "--route", f"pool:{folder}", "--router", "profile",
+                     "--route-voter", f"voter@{server.base_url}", "--limit", "2", "--route-validation", "1",
+                     "--out", str(out)]) == 0
+    result = json.loads((out / "routing.json").read_text())
+    assert result["h0"] == pool.member_name("H0") and len(result["siblings"]) == len(pool) - 1 == 10
+    assert set(result["choice"].values()) == {chosen} and result["h0_rank1_share"] == 0.0
+    assert result["votes"] == {"asked": 2, "malformed": 0, "profiles_written": 10, "profiles_malformed": 0}
+    assert result["under_h0"]["pass_at_1"] == 1.0 == result["under_rank1"]["pass_at_1"]  # the oracle passes
+    # the same folder without pool: routes over the same members
+    from harnessrl.cli.eval import route_members
+
+    assert route_members(str(folder)) == route_members(f"pool:{folder}")
+    with pytest.raises(ValueError, match="nor a pool folder"):
+        route_members(str(tmp_path / "nothing-here"))
+    capsys.readouterr()
+    assert main(["eval", "--policy", "oracle", "--route", f"pool:{folder}", "--router", "profile", "--limit", "1"]) != 0
+    assert "--router profile needs at least one voter: --route-voter MODEL@URL" in capsys.readouterr().err

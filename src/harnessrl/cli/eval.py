@@ -54,15 +54,20 @@ def register(subparsers: Any) -> None:
     p.add_argument("--device", default="auto", help="torch device of --checkpoint and embedded / hf: policies")
     p.add_argument("--out", default=None, help="output folder (default: evals/<name>-<time>)")
     p.add_argument("--json", action="store_true", help="print the results JSON instead of a table")
-    p.add_argument("--route", default=None, metavar="H0",
+    p.add_argument("--route", default=None, metavar="H0|pool:DIR",
                    help="Rank-1 routing (Harness-S): per task, roll out under the router's first choice among H0 "
-                   "and its siblings (its neighbours in the space), against H0 itself on the same tasks and seeds; "
-                   "replaces the --configs evaluation")
-    p.add_argument("--route-radius", type=int, default=1, help="siblings of --route: neighbours up to this distance")
-    p.add_argument("--router", default="validation", choices=("validation", "random"),
-                   help="how --route ranks: paired validation margins over H0, or at random (the ablation)")
+                   "and its siblings, against H0 itself on the same tasks and seeds; replaces the --configs "
+                   "evaluation. A configuration code routes over its neighbours in the space; pool:DIR (or a pool "
+                   "folder) over the pool's members, its H0 included")
+    p.add_argument("--route-radius", type=int, default=1, help="siblings of a code --route: neighbours up to this distance")
+    p.add_argument("--router", default="validation", choices=("validation", "profile", "random"),
+                   help="how --route ranks: paired validation margins over H0, behaviour profiles voted on by LLMs "
+                   "(--route-voter), or at random (the ablation)")
     p.add_argument("--route-validation", type=int, default=8,
-                   help="paired validation tasks (train split) the validation router is anchored on")
+                   help="paired validation tasks (train split) the validation and profile routers are anchored on")
+    p.add_argument("--route-voter", action="append", default=None, metavar="MODEL@URL",
+                   help="profile routing: a voter, an OpenAI-compatible endpoint (repeat for several voters; "
+                   "`harnessrl serve` of a local model works); the first also writes the profiles")
     p.set_defaults(func=run_eval)
 
     r = command(subparsers, "report", example="harnessrl report runs/quick-20261130-101500",
@@ -148,23 +153,46 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def route_members(route: str, radius: int = 1) -> tuple[str, list[str]]:
+    """Returns (H0, siblings) of ``eval --route``: a configuration code and its neighbours in
+    the space up to ``radius``, or a pool (``pool:DIR`` or a folder with ``pool.yaml``) and its
+    members as ``DIR#ID`` names, H0 first."""
+    folder = route.removeprefix("pool:")
+    if route.startswith("pool:") or (Path(folder) / "pool.yaml").exists():
+        from harnessrl.harness.siblings.patch import BASE_ID
+        from harnessrl.rescue.pool import Pool
+
+        pool = Pool.load(folder)
+        return pool.member_name(BASE_ID), [pool.member_name(i) for i in pool.ids if i != BASE_ID]
+    space = default_space()
+    try:
+        h0 = space.parse(route).code
+    except ValueError as exc:
+        raise ValueError(f"--route {route!r}: not a configuration code of the space ({exc}) nor a pool folder "
+                         "(pool:DIR, a folder with pool.yaml)") from None
+    return h0, [c.code for c in space.neighbours(space.parse(h0), radius)]
+
+
 def run_routed_eval(args: argparse.Namespace, policy: Any, spec: str, limits: HarnessLimits,
                     run_config: dict[str, Any]) -> int:
     """`eval --route H0`: Rank-1 routing against H0 on the same test tasks and seeds."""
+    from harnessrl.eval.routing import routed_evaluation
     from harnessrl.harness.harness import Harness
-    from harnessrl.rescue.rank1 import (
-        EngineSettings,
-        paired_validation,
-        routed_evaluation,
-        run_with,
+    from harnessrl.rescue.profiles import (
+        ProfileWriter,
+        client_from_spec,
+        llm_voter,
+        require_reachable,
     )
-    from harnessrl.rescue.router import RandomRouter, ValidationRouter
+    from harnessrl.rescue.rank1 import EngineSettings, paired_validation, run_with
+    from harnessrl.rescue.router import ProfileRouter, RandomRouter, ValidationRouter
     from harnessrl.tasks.suite import select_tasks
     from harnessrl.trajectory import save_jsonl
 
-    space = default_space()
-    h0 = space.parse(args.route).code
-    siblings = [c.code for c in space.neighbours(space.parse(h0), args.route_radius)]
+    h0, siblings = route_members(args.route, args.route_radius)
+    if args.router == "profile" and not args.route_voter:
+        raise ValueError("--router profile needs at least one voter: --route-voter MODEL@URL (an OpenAI-compatible "
+                         "endpoint, e.g. `harnessrl serve` of a local model); or use --router validation or random")
     suite = args.suite or run_config.get("suite", "workspace")
     tiers, families = run_config.get("tiers"), run_config.get("families")
     tasks = suite_named(suite, lambda: select_tasks(suite, args.split, args.limit, args.seed, tiers, families,
@@ -173,13 +201,25 @@ def run_routed_eval(args: argparse.Namespace, policy: Any, spec: str, limits: Ha
     settings = EngineSettings(limits, temperature, limits.max_new_tokens, args.concurrent, args.workers, args.backend)
     router: Any = RandomRouter()
     anchored = 0
-    if args.router == "validation":
+    writer = None
+    if args.router in ("validation", "profile"):
+        if args.router == "profile":  # before any rollout: an unreachable voter stops the run at once
+            clients = [client_from_spec(spec) for spec in args.route_voter]
+            for client in {c.endpoint: c for c in clients}.values():
+                require_reachable(client)
+            writer = ProfileWriter(clients[0])
         validation = select_tasks(suite, "train", args.route_validation, args.seed + 1, tiers, families)
+        runs: dict[str, dict[str, Any]] = {}
         record = paired_validation(run_with(policy, settings), lambda name: Harness.named(name, limits),
-                                   [h0, *siblings], validation, lambda i: args.seed + i)
-        router = ValidationRouter(record, track=[h0])
+                                   [h0, *siblings], validation, lambda i: args.seed + i, keep=runs)
         anchored = len(validation) * (1 + len(siblings))
-    out = Path(args.out or f"evals/route-{h0}-{time.strftime('%Y%m%d-%H%M%S')}")
+        if writer is None:
+            router = ValidationRouter(record, track=[h0])
+        else:
+            router = ProfileRouter([llm_voter(c, seed=args.seed + i) for i, c in enumerate(clients)])
+            router.anchor({h0: writer.profiles(h0, runs, validation)}, 0)
+    label = Path(h0.split("#", 1)[0]).name if "#" in h0 else h0
+    out = Path(args.out or f"evals/route-{label}-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     result = routed_evaluation(policy, router, h0, siblings, tasks, args.k, settings, seed=args.seed,
                                on_trajectories=lambda trajectories: save_jsonl(trajectories, out / "trajectories.jsonl"))
@@ -188,6 +228,10 @@ def run_routed_eval(args: argparse.Namespace, policy: Any, spec: str, limits: Ha
                       "model": run_config.get("model")}
     if isinstance(router, ValidationRouter):
         result["validation_margins"] = router.history[-1]["margins"][h0]
+    if isinstance(router, ProfileRouter) and writer is not None:
+        result["profiles"] = router.profiles[h0]
+        result["votes"] = {"asked": router.votes, "malformed": router.malformed_votes,
+                           "profiles_written": writer.answers, "profiles_malformed": writer.dropped}
     (out / "routing.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
     if args.json:
         print(json.dumps(result, indent=2))
@@ -200,6 +244,10 @@ def run_routed_eval(args: argparse.Namespace, policy: Any, spec: str, limits: Ha
             cells = ["n/a" if s[m] is None else f"{100 * s[m]:.1f}" for m in ("pass_at_1", "pass_at_k", "avg_at_k")]
             print(f"{label:<12} {cells[0]:>7} {cells[1]:>7} {cells[2]:>7}")
         print(f"H0 is Rank-1 for {100 * result['h0_rank1_share']:.1f}% of tasks; chosen: {result['rank1_counts']}")
+        if "votes" in result:
+            v = result["votes"]
+            print(f"profile votes: {v['asked']} asked, {v['malformed']} malformed (ignored); profiles: "
+                  f"{v['profiles_written']} written, {v['profiles_malformed']} malformed (left empty)")
         print(f"results: {out / 'routing.json'}")
     sys.stdout.flush()
     return 0

@@ -251,6 +251,18 @@ def test_eval_command_writes_results_with_pass_at_k_per_config_and_a_report(tmp_
     assert main(["report", str(out)]) == 0  # rebuilt from the files alone
 
 
+def test_eval_tiers_and_families_choose_the_tasks(tmp_path):
+    from harnessrl.trajectory import load_jsonl
+
+    out = tmp_path / "eval"
+    assert main(["eval", "--policy", "oracle", "--configs", "S0-T0-O0-C0-W0", "--tiers", "2", "--families", "text,search",
+                 "--limit", "4", "--out", str(out)]) == 0
+    trajectories = load_jsonl(out / "trajectories.jsonl")
+    tasks = {t.id: t for t in load_suite("workspace").tasks("test")}
+    assert len(trajectories) == 4
+    assert {(tasks[t.task_id].tier, tasks[t.task_id].family in ("text", "search")) for t in trajectories} == {(2, True)}
+
+
 def test_eval_command_rejects_an_unknown_code_with_the_fix(tmp_path, capsys):
     code = main(["eval", "--policy", "oracle", "--configs", "S0-T0-O0-C0-W7", "--out", str(tmp_path / "x")])
     assert code == 2

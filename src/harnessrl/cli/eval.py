@@ -39,6 +39,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--suite", default=None, help="task suite name or task file (default: the run's, else workspace)")
     p.add_argument("--split", default="test", help="task split")
     p.add_argument("--limit", type=parse_limit, default=16, help="test tasks per harness ('all' for every task of the split)")
+    p.add_argument("--tiers", type=lambda v: [int(t) for t in v.split(",")], default=None, metavar="1,2",
+                   help="task tiers (default: the checkpoint run's, else all)")
+    p.add_argument("--families", type=lambda v: v.split(","), default=None, metavar="files,text",
+                   help="task families (default: the checkpoint run's, else all)")
     p.add_argument("--task-ids", type=parse_task_ids, default=None,
                    help="evaluate exactly these comma-separated task ids (a,b,c) instead of a sample")
     p.add_argument("--k", type=int, default=1, help="runs per task (pass@k and Avg@k; Harness-S: 3)")
@@ -110,6 +114,8 @@ def run_eval(args: argparse.Namespace) -> int:
     from harnessrl.trajectory import save_jsonl
 
     policy, spec, run_config = load_policy(args, default="embedded")
+    run_config = {**run_config, **{name: value for name, value in (("tiers", args.tiers), ("families", args.families))
+                                   if value is not None}}
     limits = run_limits(args, run_config, scripted=spec in SCRIPTED_POLICIES)
     if args.route:
         return run_routed_eval(args, policy, spec, limits, run_config)

@@ -50,6 +50,24 @@ def test_pool_analyze_shows_locality_and_complementarity(tmp_path, capsys):
     assert "| S0-T2-O1-C0-W0 |" in report and "Oracle union of the pool" in report
 
 
+def test_pool_analyze_defaults_to_the_tasks_the_pool_was_evolved_on(tmp_path, capsys):
+    from harnessrl.rescue.pool import Pool
+
+    pool = from_space(tmp_path / "p", BASE, radius=1)
+    small = Pool(pool.folder, pool.base, pool.members[:2], frozen=True,
+                 meta={"evolution": {"families": ["text"], "tiers": [2]}})
+    small.save()
+    assert main(["pool", "analyze", str(pool.folder), "--policy", "oracle", "--limit", "3", "--json"]) == 0
+    analysis = json.loads(capsys.readouterr().out)
+    tasks = {t.id: t for t in load_suite("workspace").tasks("test")}
+    assert len(analysis["task_ids"]) == 3
+    assert {(tasks[i].family, tasks[i].tier) for i in analysis["task_ids"]} == {("text", 2)}
+    assert main(["pool", "analyze", str(pool.folder), "--policy", "oracle", "--limit", "2", "--families", "files",
+                 "--tiers", "1", "--json"]) == 0
+    analysis = json.loads(capsys.readouterr().out)
+    assert {(tasks[i].family, tasks[i].tier) for i in analysis["task_ids"]} == {("files", 1)}
+
+
 def test_analysis_runs_h0_as_often_as_there_are_members(tmp_path):
     from harnessrl.rescue.analysis import analyze_pool
     from harnessrl.rescue.pool import Pool

@@ -83,6 +83,10 @@ def register(subparsers: Any) -> None:
     a.add_argument("dir", help="pool folder")
     _policy_options(a)
     _run_options(a, limit=16, split="test")
+    a.add_argument("--families", default=None, help="comma-separated task families (default: those the pool was "
+                   "evolved on, else all)")
+    a.add_argument("--tiers", default=None, help="comma-separated task tiers (default: those the pool was evolved "
+                   "on, else all)")
     a.add_argument("--out", default=None, help="report folder (default: DIR/analysis)")
     a.add_argument("--json", action="store_true", help="print the analysis JSON")
     a.set_defaults(func=run_analyze)
@@ -173,10 +177,17 @@ def run_evolve(args: argparse.Namespace) -> int:
 def run_analyze(args: argparse.Namespace) -> int:
     from harnessrl.rescue.analysis import analyze_pool, write_analysis
     from harnessrl.rescue.pool import Pool
+    from harnessrl.tasks.suite import select_tasks
 
     pool = Pool.load(args.dir)
     policy, settings = _policy_and_settings(args, default_temperature=0.7)
-    analysis = analyze_pool(pool, policy, _tasks(args), settings)
+    # The task distribution of the evolution, unless told otherwise: the analysis then measures
+    # the pool on unseen tasks of the kind it was built for.
+    evolved = (pool.meta or {}).get("evolution", {})
+    families = args.families.split(",") if args.families else list(evolved.get("families") or []) or None
+    tiers = [int(t) for t in args.tiers.split(",")] if args.tiers else list(evolved.get("tiers") or []) or None
+    tasks = suite_named(args.suite, lambda: select_tasks(args.suite, args.split, args.limit, args.seed, tiers, families))
+    analysis = analyze_pool(pool, policy, tasks, settings)
     out = Path(args.out) if args.out else pool.folder / "analysis"
     report = write_analysis(analysis, out)
     if args.json:

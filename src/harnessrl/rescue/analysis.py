@@ -74,7 +74,8 @@ def analyze_pool(pool: Pool, policy: Policy, tasks: Sequence[Task], settings: Ru
     h0_runs = [pass_table([t for t in h0_trajectories if t.seed == settings.seed + r]) for r in range(len(harnesses))]
     tables = {BASE_ID: h0_runs[0], **{key: pass_table(ts) for key, ts in member_runs.items()}}
     analysis = coverage_analysis(tables, h0_runs)
-    analysis.update(pool=str(pool.folder), base=pool.base, policy=policy.name, temperature=settings.temperature,
+    analysis.update(pool=str(pool.folder), base=pool.base, policy=policy.name, task_ids=[t.id for t in tasks],
+                    temperature=settings.temperature,
                     seed=settings.seed, wall_time_s=round(time.perf_counter() - started, 2))
     return analysis
 

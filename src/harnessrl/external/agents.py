@@ -42,8 +42,8 @@ STDERR_LOG = "stderr.log"  # the agent's stderr, in the logs folder
 
 REASON_CHARS = 400
 """How long a failure reason may be: enough for an exception and its message."""
-ERROR_LINE = re.compile(r"error|exception|traceback|failed|failure|unrecognized|refused|denied|fatal|panic",
-                        re.IGNORECASE)
+ERROR_LINE = re.compile(r"error|exception|traceback|failed|failure|unrecognized|refused|denied|fatal|panic"
+                        r"|segmentation fault|killed|aborted", re.IGNORECASE)
 """What an error-looking line of an agent's output contains."""
 _BOX_DRAWING = re.compile(r"^\s*[\u2500-\u257f]")  # a line of a framed traceback (rich): its source code
 
@@ -382,6 +382,21 @@ stream_max_retries = 0
     def answer(self, run: AgentRun, stdout: str) -> str | None:
         return _read_text(run.host_logs / "last_message.txt")
 
+    def reported_error(self, run: AgentRun) -> str | None:
+        # ``turn.failed`` ends a turn that failed and ``error`` reports a stream error (as in
+        # "Codex ran out of room in the model's context window"); a later completed turn
+        # recovered from it. An ``item.completed`` of type error is a warning.
+        message = None
+        for event in _json_events(run.host_logs / "codex.jsonl"):
+            if event.get("type") == "turn.failed":
+                error = event.get("error")
+                message = error.get("message") if isinstance(error, dict) else str(error)
+            elif event.get("type") == "error":
+                message = event.get("message")
+            elif event.get("type") == "turn.completed":
+                message = None
+        return bounded(str(message)) if message else None
+
 
 class OpenCode(ExternalAgent):
     """opencode (``opencode-ai``), ``opencode run`` with an OpenAI-compatible provider."""
@@ -435,6 +450,21 @@ class OpenCode(ExternalAgent):
                  if isinstance(e.get("part"), dict) and e["part"].get("type") == "text"
                  and isinstance(e["part"].get("text"), str)]
         return texts[-1] if texts else None
+
+    def reported_error(self, run: AgentRun) -> str | None:
+        # An ``error`` event names the error and its message (``ContextOverflowError``: "This
+        # model's maximum context length is ..."); text written after it means it recovered.
+        reason = None
+        for event in _json_events(run.host_logs / "opencode.jsonl"):
+            part = event.get("part")
+            if event.get("type") == "error":
+                error = event.get("error") if isinstance(event.get("error"), dict) else {}
+                data = error.get("data") if isinstance(error.get("data"), dict) else {}
+                name, message = error.get("name") or "error", data.get("message") or error.get("message")
+                reason = f"{name}: {message}" if message else str(name)
+            elif isinstance(part, dict) and part.get("type") == "text":
+                reason = None
+        return bounded(reason) if reason else None
 
 
 class OpenClaw(ExternalAgent):

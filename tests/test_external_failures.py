@@ -162,6 +162,34 @@ def test_mini_swe_agent_failing_on_a_server_error_gives_its_own_reason(mini_swe_
         f"FAIL {task.id} [ext:mini-swe-agent] status=error requests=0 exit=1 error={trajectory.error}")
 
 
+CONTEXT_OVERFLOW_REASONS = {
+    "claude-code": "prompt_too_long (API 400): Prompt is too long",
+    "codex": "Codex ran out of room in the model's context window",
+    "opencode": "ContextOverflowError: This model's maximum context length is 4096 tokens",
+}
+
+
+@pytest.mark.external_agent
+@pytest.mark.parametrize("name", sorted(CONTEXT_OVERFLOW_REASONS))
+def test_installed_npm_agent_on_a_too_small_context_says_why_in_its_own_words(
+        name: str, task: Task, tmp_path_factory) -> None:
+    from harnessrl.external.install import AgentInstallError, require_installed
+    from harnessrl.policy.hf import HFPolicy
+
+    try:
+        require_installed(name, get_agent(name).plan())
+    except AgentInstallError:
+        pytest.skip(f"{name} is not installed: run `harnessrl external install {name}`")
+    short = HFPolicy(save_tiny_model(tmp_path_factory, "short-4k", max_position_embeddings=4096), device="cpu")
+    # (opencode retries after the error until the time limit ends it)
+    [trajectory] = evaluate_external(name, short, [task], config=ExternalConfig(time_limit_s=45, max_steps=3))
+    assert trajectory.status == "error" and not trajectory.passed
+    assert (trajectory.error or "").startswith("prompt ") and "tokens > context 4096; the agent " in trajectory.error
+    assert CONTEXT_OVERFLOW_REASONS[name] in (trajectory.metrics["agent_error"] or "")
+    assert trajectory.metrics["agent_error"] in trajectory.error
+    assert "unrecognized_model" not in trajectory.error  # Claude Code's warning on stderr is not the cause
+
+
 # --------------------------------------------------------------------------------------------
 # Fake agents: failure shapes mini-swe-agent cannot produce
 # --------------------------------------------------------------------------------------------

@@ -337,6 +337,27 @@ def endless_model(tmp_path_factory) -> Path:
     return folder
 
 
+def test_a_run_cut_at_its_time_limit_frees_the_policy_for_the_next_run(
+        mini_swe_agent: str, endless_model: Path) -> None:
+    from harnessrl.policy.hf import HFPolicy
+
+    class Counting(HFPolicy):
+        batches = 0
+
+        def generate_stream(self, requests, on_tokens):
+            self.batches += 1
+            return super().generate_stream(requests, on_tokens)
+
+    policy = Counting(endless_model, device="cpu")
+    tasks = list(load_suite("workspace").tasks("test", limit=2, seed=0))
+    trajectories = evaluate_external(mini_swe_agent, policy, tasks,
+                                     config=ExternalConfig(time_limit_s=20, max_tokens=100_000))
+    assert [t.metrics["timed_out"] for t in trajectories] == [True, True]
+    # The first run's request (100,000 tokens) was ended with its run, so the second run's
+    # request reached the policy instead of waiting behind it.
+    assert policy.batches == 2
+
+
 def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
     source = str(Path(harnessrl.__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))}

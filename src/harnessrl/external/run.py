@@ -367,8 +367,9 @@ def evaluate_external(name: str, policy: Policy, tasks: Sequence[Task], k: int =
     """Runs external agent ``name`` k times on every task with ``policy`` behind `harnessrl
     serve` and returns the trajectories (``config="ext:<name>"``), task by task.
 
-    Runs go one at a time (each agent is a whole program, and the policy is shared); pass a
-    started ``server`` to reuse one across agents. ``on_trajectory`` is called with each run's
+    Runs go one at a time (each agent is a whole program, and the policy is shared; a run cut
+    at its time limit ends the server's generation in progress); pass a started ``server`` to
+    reuse one across agents, never one that serves other clients meanwhile. ``on_trajectory`` is called with each run's
     trajectory as it finishes (the command line prints its PASS/FAIL line then).
     """
     agent = get_agent(name)
@@ -383,6 +384,11 @@ def evaluate_external(name: str, policy: Policy, tasks: Sequence[Task], k: int =
                 trajectories.append(run_task(agent, task, server, config, run))
                 if on_trajectory is not None:
                     on_trajectory(trajectories[-1])
+                if trajectories[-1].metrics["timed_out"]:
+                    # The killed agent's last request may still be sampled, holding the policy
+                    # for the next run: end it (runs go one at a time; the next request starts
+                    # a new policy worker).
+                    server.app.state.engine.close()
         return trajectories
     finally:
         if owned:

@@ -188,6 +188,9 @@ class MiniSweAgent(ExternalAgent):
     entries = ("venv/bin/mini",)
     native = False
     memory_mb = 4096
+    # its exit statuses that are outcomes, as trajectory statuses (any other is an error)
+    OUTCOMES: ClassVar[dict[str, str]] = {"Submitted": "submitted", "LimitsExceeded": "max_turns",
+                                          "RepeatedFormatError": "format_errors"}
 
     def env(self, run: AgentRun) -> dict[str, str]:
         return {
@@ -237,9 +240,6 @@ class MiniSweAgent(ExternalAgent):
     def answer(self, run: AgentRun, stdout: str) -> str | None:
         submission = self._info(run).get("submission")
         return submission if isinstance(submission, str) else None
-
-    OUTCOMES: ClassVar[dict[str, str]] = {"Submitted": "submitted", "LimitsExceeded": "max_turns",
-                                          "RepeatedFormatError": "format_errors"}
 
     def status(self, run: AgentRun) -> str | None:
         return self.OUTCOMES.get(str(self._info(run).get("exit_status")))

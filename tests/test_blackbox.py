@@ -99,6 +99,12 @@ def test_training_sampling_serves_the_same_policy_object_with_training_sampling(
     served.generate([GenerationRequest([1], SamplingParams(temperature=0.0, max_new_tokens=32_000, seed=5))])
     assert served.policy is inner and served.tokenizer is inner.tokenizer
     assert (seen[0].temperature, seen[0].top_p, seen[0].max_new_tokens, seen[0].seed) == (0.7, 0.9, 64, 5)
+    # the server's batcher samples through generate_stream: the same training sampling there
+    streamed = []
+    [generation] = served.generate_stream([GenerationRequest([1], SamplingParams(temperature=0.0, seed=6))],
+                                          lambda index, ids: streamed.extend(ids))
+    assert (seen[1].temperature, seen[1].top_p, seen[1].seed) == (0.7, 0.9, 6)
+    assert streamed == generation.token_ids and generation.token_ids
 
 
 def test_black_box_configs_are_validated():

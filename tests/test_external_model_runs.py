@@ -30,11 +30,11 @@ class SlowAfterFirstAnswer(HFPolicy):
         self.calls = 0
         self.release = threading.Event()
 
-    def generate(self, requests):
+    def generate_stream(self, requests, on_tokens):  # what the server's batcher calls
         self.calls += 1
         if self.calls > 1:
             self.release.wait(timeout=120)
-        return super().generate(requests)
+        return super().generate_stream(requests, on_tokens)
 
 
 @pytest.fixture(scope="module")

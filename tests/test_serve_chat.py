@@ -12,8 +12,9 @@ import pytest
 
 from harnessrl.harness.base import SPAN_POLICY
 from harnessrl.harness.chat import ByteTokenizer
-from harnessrl.policy.base import Generation
+from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
 from harnessrl.serve.app import create_app
+from harnessrl.serve.engine import PolicyBatcher, PolicyFailure
 from harnessrl.serve.prompt import PromptRenderer
 from harnessrl.serve.recorder import ConversationRecorder
 from harnessrl.serve.runner import ServerThread
@@ -355,3 +356,61 @@ def test_policy_errors_are_500s_in_each_apis_shape():
     assert responses.json()["error"]["type"] == "server_error"
     assert messages.json() == {"type": "error", "error": {"type": "api_error", "message": "out of memory"}}
     assert recorder.sessions() == []  # nothing was sampled, nothing recorded
+
+
+class Ticking(Policy):
+    """Writes ``a`` every 10 ms up to ``max_new_tokens``, handing each to the token sink: a
+    slow model, whose generation can be in progress when the server closes."""
+
+    name = "ticking"
+    tokenizer = ByteTokenizer()
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []  # max_new_tokens of every request it ran
+
+    def generate(self, requests):
+        return self.generate_stream(requests, lambda index, ids: None)
+
+    def generate_stream(self, requests, on_tokens):
+        generations = []
+        for index, request in enumerate(requests):
+            self.seen.append(request.params.max_new_tokens)
+            ids = []
+            for _ in range(request.params.max_new_tokens):
+                time.sleep(0.01)
+                ids.append(ord("a"))
+                on_tokens(index, ids[-1:])
+            generations.append(Generation(ids, [0.0] * len(ids), "length"))
+        return generations
+
+
+def test_closing_the_batcher_ends_the_generation_in_progress_and_fails_the_queued_requests():
+    policy = Ticking()
+    batcher = PolicyBatcher(policy)
+    sampling = threading.Event()
+    endless = batcher.submit(GenerationRequest([1], SamplingParams(max_new_tokens=10**9)), lambda ids: sampling.set())
+    assert sampling.wait(timeout=30)
+    queued = batcher.submit(GenerationRequest([1], SamplingParams(max_new_tokens=3)))
+    batcher.close()  # returns once the worker stopped: both futures are settled
+    with pytest.raises(PolicyFailure, match="BatcherClosed: the server closed during this generation"):
+        endless.result(timeout=0)
+    with pytest.raises(PolicyFailure, match="the server closed before this request ran"):
+        queued.result(timeout=0)
+    assert policy.seen == [10**9]  # the queued request never reached the policy
+    later = batcher.submit(GenerationRequest([1], SamplingParams(max_new_tokens=3)))  # a new worker
+    assert later.result(timeout=30).token_ids == [ord("a")] * 3
+    batcher.close()
+
+
+def test_a_request_whose_caller_gave_up_is_not_run():
+    policy = Ticking()
+    batcher = PolicyBatcher(policy)
+    sampling = threading.Event()
+    first = batcher.submit(GenerationRequest([1], SamplingParams(max_new_tokens=30)), lambda ids: sampling.set())
+    assert sampling.wait(timeout=30)
+    abandoned = batcher.submit(GenerationRequest([1], SamplingParams(max_new_tokens=7)))
+    assert abandoned.cancel()
+    kept = batcher.submit(GenerationRequest([1], SamplingParams(max_new_tokens=2)))
+    assert len(first.result(timeout=30).token_ids) == 30 and len(kept.result(timeout=30).token_ids) == 2
+    assert policy.seen == [30, 2]
+    batcher.close()

@@ -11,7 +11,8 @@ from typing import Any
 
 from harnessrl.cli.common import command, harness_set, policy_from_spec, suite_named
 from harnessrl.design import DESIGN_KINDS, make_design
-from harnessrl.eval.sets import EVAL_SETS, resolve_eval_set
+from harnessrl.eval.sets import EVAL_SETS, EXTERNAL_PREFIX, resolve_eval_set
+from harnessrl.external.run import ExternalConfig
 from harnessrl.harness.harness import HarnessLimits
 from harnessrl.harness.registry import default_space
 from harnessrl.policy import POLICY_SPECS
@@ -51,6 +52,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-turns", type=int, default=None, help="turn limit per episode")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per turn")
     p.add_argument("--context-tokens", type=int, default=None, help="context window")
+    p.add_argument("--agent-time-limit", type=float, default=ExternalConfig.time_limit_s, metavar="SECONDS",
+                   help="ext:<name> targets: wall-clock seconds per agent run (as `external run --time-limit`);"
+                   " it is killed at the limit and scored as it is")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out draw, task order and run r (seed + r)")
     p.add_argument("--concurrent", type=int, default=16, help="episodes in flight")
     p.add_argument("--workers", type=int, default=4, help="threads for sandbox steps")
@@ -128,11 +132,21 @@ def run_eval(args: argparse.Namespace) -> int:
     tasks = suite_named(suite, lambda: select_tasks(suite, args.split, args.limit, args.seed, run_config.get("tiers"),
                                                     run_config.get("families"), task_ids=args.task_ids))
     temperature = args.temperature if args.temperature is not None else (0.0 if args.k == 1 else 0.7)
+    external_runs = sum(t.name.startswith(EXTERNAL_PREFIX) for t in targets) * len(tasks) * args.k
+    finished: list[Any] = []
+
+    def report_external(t: Any) -> None:
+        # One line per agent run as it ends (minutes each with a real model), as `external run`.
+        from harnessrl.cli.external import run_line
+
+        finished.append(t)
+        print(f"[{time.strftime('%H:%M:%S')}] {len(finished)}/{external_runs} {run_line(t)}", file=sys.stderr, flush=True)
+
     result = evaluate(
         policy, targets, tasks, k=args.k, limits=limits, temperature=temperature,
         max_new_tokens=limits.max_new_tokens, seed=args.seed, max_concurrent=args.concurrent,
         env_workers=args.workers, backend=args.backend, progress=not args.json,
-        design=design,
+        design=design, agent_time_limit_s=args.agent_time_limit, on_external=report_external,
     )
     name = Path(args.checkpoint).name if args.checkpoint else spec.replace(":", "-").replace("/", "-")[:40]
     out = Path(args.out or f"evals/{name}-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -17,6 +17,8 @@ from harnessrl.external.install import (
     install,
     read_manifest,
 )
+from harnessrl.external.run import ExternalConfig
+from harnessrl.trajectory import Trajectory
 
 
 def register(subparsers: Any) -> None:
@@ -57,7 +59,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--k", type=int, default=1, help="runs per task")
     p.add_argument("--model", default="harnessrl", help="model name the agent is told to use")
     p.add_argument("--max-steps", type=int, default=40, help="the agent's own step limit")
-    p.add_argument("--time-limit", type=float, default=900.0, help="seconds per agent run")
+    p.add_argument("--time-limit", "--agent-time-limit", dest="time_limit", type=float,
+                   default=ExternalConfig.time_limit_s, metavar="SECONDS",
+                   help="wall-clock seconds per agent run; it is killed at the limit and scored as it is")
     p.add_argument("--max-tokens", type=int, default=None,
                    help="output limit of requests that name none (default: 1024 on CPU, 4096 on a GPU;"
                    " 65536 for gold replay)")
@@ -69,6 +73,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", default=None, help="write trajectories to this JSONL file")
     p.add_argument("--json", action="store_true", help="print one JSON summary")
     p.set_defaults(func=run_run)
+
+
+def run_line(t: Trajectory) -> str:
+    """Returns the line printed for one finished agent run: verdict, task, target, status,
+    requests, and for a failed run the agent's exit status and the reason."""
+    exit_code = t.metrics.get("exit_code")
+    return (f"{'PASS' if t.passed else 'FAIL'} {t.task_id} [{t.config}] status={t.status} requests={len(t.turns)}"
+            + (f" exit={exit_code}" if exit_code not in (0, None) and not t.metrics.get("timed_out") else "")
+            + (f" error={t.error}" if t.error else ""))
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -121,13 +134,9 @@ def run_check(args: argparse.Namespace) -> int:
 def run_run(args: argparse.Namespace) -> int:
     from harnessrl.cli.rollout import summarize
     from harnessrl.external.gold_replay import GoldReplayPolicy
-    from harnessrl.external.run import (
-        ExternalConfig,
-        evaluate_external,
-        policy_for_external,
-    )
+    from harnessrl.external.run import evaluate_external, policy_for_external
     from harnessrl.tasks.suite import load_suite
-    from harnessrl.trajectory import Trajectory, save_jsonl
+    from harnessrl.trajectory import save_jsonl
 
     agent_named(args.name)
     suite = suite_named(args.suite, lambda: load_suite(args.suite))
@@ -150,9 +159,7 @@ def run_run(args: argparse.Namespace) -> int:
     def report(t: Trajectory) -> None:
         # One line per finished run as it finishes: a run can take minutes with a real model.
         finished.append(t)
-        line = (f"{'PASS' if t.passed else 'FAIL'} {t.task_id} [{t.config}] status={t.status} requests={len(t.turns)}"
-                + (f" error={t.error}" if t.error else ""))
-        print(f"[{time.strftime('%H:%M:%S')}] {len(finished)}/{total} {line}",
+        print(f"[{time.strftime('%H:%M:%S')}] {len(finished)}/{total} {run_line(t)}",
               file=sys.stderr if args.json else sys.stdout, flush=True)
 
     try:

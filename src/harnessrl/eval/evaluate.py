@@ -5,7 +5,7 @@ and the per-factor analysis."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,14 +116,18 @@ def evaluate(
     progress: bool = False,
     design: Design | None = None,
     external: Any | None = None,
+    agent_time_limit_s: float | None = None,
+    on_external: Callable[[Trajectory], None] | None = None,
 ) -> EvalResult:
     """Runs every task k times under every harness and returns the scores.
 
     Harnesses are names or ``EvalTarget``s (from ``resolve_eval_set``), which carry the group
     each is reported under. Run r of a task uses seed ``seed + r``, so repeated evaluations
     are reproducible. ``ext:<name>`` targets are external agent programs run against the
-    policy (``harnessrl.external``), with ``external`` as their run config (default:
-    this sandbox ``backend``).
+    policy (``harnessrl.external``), with ``external`` as their run config (default: this
+    sandbox ``backend``, the evaluation's turn and output limits, and ``agent_time_limit_s``
+    seconds per run, else ``ExternalConfig.time_limit_s``); ``on_external`` hears of each
+    of their runs as it ends.
     """
     targets = [t if isinstance(t, EvalTarget) else EvalTarget(t, "") for t in harness_names]
     external_names = [t.name for t in targets if t.name.startswith(EXTERNAL_PREFIX)]
@@ -148,8 +152,10 @@ def evaluate(
         # keep the server's default) and its turn limit as the agent's step limit.
         bytewise = isinstance(getattr(policy, "tokenizer", None), ByteTokenizer)
         default = ExternalConfig(backend=backend, max_tokens=None if bytewise else max_new_tokens,
-                                 max_steps=limits.max_turns if limits is not None else ExternalConfig.max_steps)
-        trajectories += evaluate_external_targets(external_names, policy, tasks, k=k, config=external or default)
+                                 max_steps=limits.max_turns if limits is not None else ExternalConfig.max_steps,
+                                 time_limit_s=agent_time_limit_s or ExternalConfig.time_limit_s)
+        trajectories += evaluate_external_targets(external_names, policy, tasks, k=k, config=external or default,
+                                                  on_trajectory=on_external)
     groups = {t.name: t.group or ("external" if t.name in external_names else "") for t in targets}
     groups = {name: group for name, group in groups.items() if group}
     result = score_trajectories(trajectories, k, groups, design)

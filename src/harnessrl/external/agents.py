@@ -3,7 +3,9 @@
 Each agent is a small class: its pinned packages and entry point (`InstallPlan`), the config
 files it needs in its fresh HOME, its environment (API base URL and key, model name, and
 telemetry, update checks and error reporting switched off), its non-interactive command line,
-and where its final answer is. Everything runs inside the sandbox, where the agent's install
+where its final answer is, and the error it reported when it failed (``reported_error``:
+read from its own log's known format; `error_lines` finds error-looking lines in any other
+output). Everything runs inside the sandbox, where the agent's install
 folder is ``AGENT_MOUNT`` (read-only), its state folder ``STATE_MOUNT`` (HOME, logs, the task
 text; writable) and the server is ``http://127.0.0.1:RELAY_PORT/s/<session>`` through the
 relay (see `harnessrl.external.relay`).
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import shlex
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -35,6 +38,29 @@ RELAY_PORT = 18080
 HOME = f"{STATE_MOUNT}/home"
 LOGS = f"{STATE_MOUNT}/logs"
 TASK_FILE = f"{STATE_MOUNT}/task.txt"
+STDERR_LOG = "stderr.log"  # the agent's stderr, in the logs folder
+
+REASON_CHARS = 400
+"""How long a failure reason may be: enough for an exception and its message."""
+ERROR_LINE = re.compile(r"error|exception|traceback|failed|failure|unrecognized|refused|denied|fatal|panic"
+                        r"|segmentation fault|killed|aborted", re.IGNORECASE)
+"""What an error-looking line of an agent's output contains."""
+_BOX_DRAWING = re.compile(r"^\s*[\u2500-\u257f]")  # a line of a framed traceback (rich): its source code
+
+
+def bounded(text: str, limit: int = REASON_CHARS) -> str:
+    """Returns ``text`` on one line, cut to ``limit`` characters (an ellipsis says so)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def error_lines(text: str, count: int = 3) -> str | None:
+    """Returns the last ``count`` lines of ``text`` that look like an error (`ERROR_LINE`;
+    the source lines of a framed traceback left out), joined by `` | `` and `bounded`, or None
+    when none does."""
+    lines = [line.strip() for line in text.splitlines()
+             if ERROR_LINE.search(line) and not _BOX_DRAWING.match(line)]
+    return bounded(" | ".join(lines[-count:])) if lines else None
 
 
 @dataclass(frozen=True)
@@ -116,6 +142,12 @@ class ExternalAgent(ABC):
         ``max_turns``, ``format_errors``), or None when its logs do not say."""
         return None
 
+    def reported_error(self, run: AgentRun) -> str | None:
+        """Returns the error the agent reported in its own log (`bounded`), or None when it
+        reported none or its log has no known format: a run with one is an ``error``, whatever
+        its exit code."""
+        return None
+
     def version_command(self, entry: str) -> str:
         """Returns a shell command (inside the sandbox) that prints the agent's version."""
         return f"{shlex.quote(entry)} --version"
@@ -156,6 +188,9 @@ class MiniSweAgent(ExternalAgent):
     entries = ("venv/bin/mini",)
     native = False
     memory_mb = 4096
+    # its exit statuses that are outcomes, as trajectory statuses (any other is an error)
+    OUTCOMES: ClassVar[dict[str, str]] = {"Submitted": "submitted", "LimitsExceeded": "max_turns",
+                                          "RepeatedFormatError": "format_errors"}
 
     def env(self, run: AgentRun) -> dict[str, str]:
         return {
@@ -207,9 +242,21 @@ class MiniSweAgent(ExternalAgent):
         return submission if isinstance(submission, str) else None
 
     def status(self, run: AgentRun) -> str | None:
+        return self.OUTCOMES.get(str(self._info(run).get("exit_status")))
+
+    def reported_error(self, run: AgentRun) -> str | None:
+        # Any other exit status is the name of the exception that ended the run (or
+        # TimeExceeded); its last message holds the exception's text.
         exit_status = self._info(run).get("exit_status")
-        return {"Submitted": "submitted", "LimitsExceeded": "max_turns",
-                "RepeatedFormatError": "format_errors"}.get(str(exit_status))
+        if not isinstance(exit_status, str) or not exit_status or exit_status in self.OUTCOMES:
+            return None
+        try:
+            messages = json.loads(_read_text(run.host_logs / "trajectory.json") or "").get("messages") or [{}]
+            extra = messages[-1].get("extra") or {}
+        except (ValueError, AttributeError, TypeError):
+            extra = {}
+        message = extra.get("exception_str") if isinstance(extra, dict) else None
+        return bounded(f"{exit_status}: {message}" if isinstance(message, str) and message else exit_status)
 
 
 class ClaudeCode(ExternalAgent):
@@ -258,9 +305,27 @@ class ClaudeCode(ExternalAgent):
                    if e.get("type") == "result" and isinstance(e.get("result"), str)]
         return results[-1] if results else None
 
+    def _result(self, run: AgentRun) -> dict[str, Any] | None:
+        results = [e for e in _json_events(run.host_logs / "claude.jsonl") if e.get("type") == "result"]
+        return results[-1] if results else None
+
     def status(self, run: AgentRun) -> str | None:
-        ends = [e.get("subtype") for e in _json_events(run.host_logs / "claude.jsonl") if e.get("type") == "result"]
-        return {"success": "submitted", "error_max_turns": "max_turns"}.get(str(ends[-1])) if ends else None
+        result = self._result(run)
+        if result is None:
+            return None
+        return {"success": "submitted", "error_max_turns": "max_turns"}.get(str(result.get("subtype")))
+
+    def reported_error(self, run: AgentRun) -> str | None:
+        # Its result event says ``is_error`` (an API error ends the run with subtype
+        # "success"); ``terminal_reason`` (e.g. prompt_too_long) and the API status say why.
+        result = self._result(run)
+        if result is None or not result.get("is_error") or result.get("subtype") == "error_max_turns":
+            return None
+        kind = result.get("terminal_reason") or result.get("api_error_type") or result.get("subtype") or "error"
+        status = f" (API {result['api_error_status']})" if result.get("api_error_status") else ""
+        text = result.get("result") if isinstance(result.get("result"), str) else "; ".join(
+            str(e) for e in result.get("errors") or [])
+        return bounded(f"{kind}{status}: {text}" if text else f"{kind}{status}")
 
 
 class Codex(ExternalAgent):
@@ -317,6 +382,21 @@ stream_max_retries = 0
     def answer(self, run: AgentRun, stdout: str) -> str | None:
         return _read_text(run.host_logs / "last_message.txt")
 
+    def reported_error(self, run: AgentRun) -> str | None:
+        # ``turn.failed`` ends a turn that failed and ``error`` reports a stream error (as in
+        # "Codex ran out of room in the model's context window"); a later completed turn
+        # recovered from it. An ``item.completed`` of type error is a warning.
+        message = None
+        for event in _json_events(run.host_logs / "codex.jsonl"):
+            if event.get("type") == "turn.failed":
+                error = event.get("error")
+                message = error.get("message") if isinstance(error, dict) else str(error)
+            elif event.get("type") == "error":
+                message = event.get("message")
+            elif event.get("type") == "turn.completed":
+                message = None
+        return bounded(str(message)) if message else None
+
 
 class OpenCode(ExternalAgent):
     """opencode (``opencode-ai``), ``opencode run`` with an OpenAI-compatible provider."""
@@ -370,6 +450,21 @@ class OpenCode(ExternalAgent):
                  if isinstance(e.get("part"), dict) and e["part"].get("type") == "text"
                  and isinstance(e["part"].get("text"), str)]
         return texts[-1] if texts else None
+
+    def reported_error(self, run: AgentRun) -> str | None:
+        # An ``error`` event names the error and its message (``ContextOverflowError``: "This
+        # model's maximum context length is ..."); text written after it means it recovered.
+        reason = None
+        for event in _json_events(run.host_logs / "opencode.jsonl"):
+            part = event.get("part")
+            if event.get("type") == "error":
+                error = event.get("error") if isinstance(event.get("error"), dict) else {}
+                data = error.get("data") if isinstance(error.get("data"), dict) else {}
+                name, message = error.get("name") or "error", data.get("message") or error.get("message")
+                reason = f"{name}: {message}" if message else str(name)
+            elif isinstance(part, dict) and part.get("type") == "text":
+                reason = None
+        return bounded(reason) if reason else None
 
 
 class OpenClaw(ExternalAgent):

@@ -11,6 +11,14 @@ that check one. The result is the server's recording of the session as a `Trajec
 (``config="ext:<name>"``, one turn per request, exact token ids), with status, verdict, the
 agent's exit and timing in ``metrics``; the agent's own logs are kept under ``log_dir``.
 
+A run that fails says why in ``Trajectory.error``, with status ``error``: it did not start,
+hit the time limit, exceeded the model's context (``prompt N tokens > context M``), exited
+non-zero (``the agent exited with status N: <reason>``) or reported an error while exiting 0
+(``the agent reported an error: <reason>``). The reason is the agent's own, bounded to a few
+hundred characters and also kept as ``metrics["agent_error"]``: the error its log reports in
+its known format (`ExternalAgent.reported_error`), else the last error-looking lines of its
+stderr (`error_lines`), else the end of its stderr.
+
 The sandbox keeps its guarantees: the agent and every command it runs are confined to the
 workspace and the state folder, and the network namespace has only loopback, where the
 relay is the one thing listening.
@@ -36,9 +44,12 @@ from harnessrl.external.agents import (
     RELAY_PORT,
     SERVE_MOUNT,
     STATE_MOUNT,
+    STDERR_LOG,
     TASK_FILE,
     AgentRun,
     ExternalAgent,
+    bounded,
+    error_lines,
     get_agent,
 )
 from harnessrl.external.gold_replay import session_name
@@ -150,7 +161,11 @@ class AgentServer:
         return self
 
     def close(self) -> None:
-        """Stops the server and removes its folder."""
+        """Stops the server and removes its folder: first the policy worker, which ends the
+        generation in progress at its next token (the request of an agent killed at its time
+        limit can hold it for minutes, and a thread left inside the model aborts the
+        interpreter's exit), so that the server's graceful shutdown waits for nothing."""
+        self.app.state.engine.close()
         if self._thread is not None:
             self._thread.stop()
             self._thread = None
@@ -178,7 +193,7 @@ def agent_command(agent: ExternalAgent, run: AgentRun, entry: str) -> str:
     relay = (f"python3 -I -S {SERVE_MOUNT}/relay.py 127.0.0.1 {RELAY_PORT}"
              f" {SERVE_MOUNT}/{SOCKET_NAME} >{LOGS}/relay.log 2>&1")
     inner = agent.command(run, f"{AGENT_MOUNT}/{entry}")
-    return f"{relay} && cd {WORKSPACE_MOUNT} && {{ {inner} ; }} 2>{LOGS}/stderr.log </dev/null"
+    return f"{relay} && cd {WORKSPACE_MOUNT} && {{ {inner} ; }} 2>{LOGS}/{STDERR_LOG} </dev/null"
 
 
 def _state_folder(task: Task) -> Path:
@@ -211,14 +226,29 @@ def _keep_logs(state: Path, config: ExternalConfig, agent: ExternalAgent, sessio
     return str(target)
 
 
+def agent_failure(agent: ExternalAgent, run: AgentRun, result: ExecResult) -> str | None:
+    """Returns the agent's own reason for a failed run (see the module docstring): the error
+    it reported in its log, else the last error-looking lines of its stderr (the sandbox's,
+    when the agent never wrote its own), else the end of that stderr; None when it said
+    nothing."""
+    reported = agent.reported_error(run)
+    if reported:
+        return reported
+    stderr_log = run.host_logs / STDERR_LOG
+    stderr = stderr_log.read_text(errors="replace") if stderr_log.exists() else ""
+    for text in (stderr, result.stderr):
+        if text.strip():
+            return error_lines(text) or bounded(text.strip()[-300:])
+    return None
+
+
 def _status(result: ExecResult | None, ended: str | None, error: str | None) -> str:
-    """The trajectory status: how the agent says it ended, unless it never ran or hit the
-    time limit (``error``); a failure it does not explain is an ``error`` too."""
-    if result is None or result.timed_out:
+    """The trajectory status: ``error`` for a run that failed (``error`` says why: it never
+    ran, hit the time limit, exited non-zero or reported an error), else how the agent says
+    it ended, else ``submitted``."""
+    if result is None or result.timed_out or error:
         return "error"
-    if ended is not None:
-        return ended
-    return "error" if error else "submitted"
+    return ended or "submitted"
 
 
 def run_task(agent: ExternalAgent, task: Task, server: AgentServer, config: ExternalConfig,
@@ -240,6 +270,7 @@ def run_task(agent: ExternalAgent, task: Task, server: AgentServer, config: Exte
     ended: str | None = None
     verdict = None
     error: str | None = None
+    reason: str | None = None  # the agent's own, for a run that failed
     started = time.monotonic()
     workspace = Workspace(prefix="ws-ext-")
     try:
@@ -254,11 +285,14 @@ def run_task(agent: ExternalAgent, task: Task, server: AgentServer, config: Exte
             ended = agent.status(agent_run)
             verdict = verify_task(task, sandbox, answer)
         if result.timed_out:
-            error = f"the agent did not finish within {config.time_limit_s:g} s"
+            reason = agent.reported_error(agent_run)
+            error = f"the agent did not finish within {config.time_limit_s:g} s" + (
+                f" (it reported: {reason})" if reason else "")
         elif result.exit_code != 0:
-            stderr = (state / "logs" / "stderr.log").read_text(errors="replace") if (
-                state / "logs" / "stderr.log").exists() else result.stderr
-            error = f"the agent exited with status {result.exit_code}: {stderr.strip()[-600:]}"
+            reason = agent_failure(agent, agent_run, result)
+            error = f"the agent exited with status {result.exit_code}" + (f": {reason}" if reason else "")
+        elif (reason := agent.reported_error(agent_run)) is not None:
+            error = f"the agent reported an error: {reason}"
     except Exception as exc:  # a run that cannot start is a failed episode, not a crash
         logger.warning("external %s on %s: %s", agent.name, task.id, exc)
         error = f"{type(exc).__name__}: {exc}"
@@ -273,6 +307,7 @@ def run_task(agent: ExternalAgent, task: Task, server: AgentServer, config: Exte
         "timed_out": bool(result is not None and result.timed_out),
         "duration_s": round(time.monotonic() - started, 3),
         "logs": log_path,
+        "agent_error": reason,
     }
     overflow = server.app.state.engine.context_overflows.pop(session, None)
     if overflow is not None:  # the real cause, whatever the agent made of the refusal
@@ -332,8 +367,9 @@ def evaluate_external(name: str, policy: Policy, tasks: Sequence[Task], k: int =
     """Runs external agent ``name`` k times on every task with ``policy`` behind `harnessrl
     serve` and returns the trajectories (``config="ext:<name>"``), task by task.
 
-    Runs go one at a time (each agent is a whole program, and the policy is shared); pass a
-    started ``server`` to reuse one across agents. ``on_trajectory`` is called with each run's
+    Runs go one at a time (each agent is a whole program, and the policy is shared; a run cut
+    at its time limit ends the server's generation in progress); pass a started ``server`` to
+    reuse one across agents, never one that serves other clients meanwhile. ``on_trajectory`` is called with each run's
     trajectory as it finishes (the command line prints its PASS/FAIL line then).
     """
     agent = get_agent(name)
@@ -348,6 +384,11 @@ def evaluate_external(name: str, policy: Policy, tasks: Sequence[Task], k: int =
                 trajectories.append(run_task(agent, task, server, config, run))
                 if on_trajectory is not None:
                     on_trajectory(trajectories[-1])
+                if trajectories[-1].metrics["timed_out"]:
+                    # The killed agent's last request may still be sampled, holding the policy
+                    # for the next run: end it (runs go one at a time; the next request starts
+                    # a new policy worker).
+                    server.app.state.engine.close()
         return trajectories
     finally:
         if owned:
@@ -381,15 +422,17 @@ def check_agent(name: str, backend: str = "auto") -> str:
 
 
 def evaluate_external_targets(names: Sequence[str], policy: Policy, tasks: Sequence[Task], k: int = 1,
-                              config: ExternalConfig | None = None) -> list[Trajectory]:
+                              config: ExternalConfig | None = None,
+                              on_trajectory: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     """Runs every ``ext:<name>`` evaluation target k times on every task and returns the
     trajectories: the evaluation's one entry point for external agents. The oracle is served
-    as gold replay (`policy_for_external`); ``names`` without the prefix are refused."""
+    as gold replay (`policy_for_external`); ``names`` without the prefix are refused;
+    ``on_trajectory`` hears of each run as it ends (see `evaluate_external`)."""
     _harnesses, agents = split_external(names)
     if _harnesses:
         raise ValueError(f"not external targets (ext:<name>): {', '.join(_harnesses)}")
     served = policy_for_external(policy, tasks) if agents else policy
     trajectories: list[Trajectory] = []
     for name in agents:
-        trajectories += evaluate_external(name, served, tasks, k=k, config=config)
+        trajectories += evaluate_external(name, served, tasks, k=k, config=config, on_trajectory=on_trajectory)
     return trajectories

@@ -50,7 +50,7 @@ from harnessrl.external.agents import get_agent
 from harnessrl.external.gold_replay import GoldReplayPolicy, session_name
 from harnessrl.external.install import require_installed
 from harnessrl.external.run import AgentServer, ExternalConfig, run_task
-from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
+from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams, TokenSink
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import Trajectory
 
@@ -86,13 +86,20 @@ class TrainingSampling(Policy):
         return getattr(self.policy, "context_length", None)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        forced = [
+        return self.policy.generate(self._forced(requests))
+
+    def generate_stream(self, requests: Sequence[GenerationRequest], on_tokens: TokenSink) -> list[Generation]:
+        # The server samples through here: its batcher ends a generation early, at its next
+        # token, when it closes.
+        return self.policy.generate_stream(self._forced(requests), on_tokens)
+
+    def _forced(self, requests: Sequence[GenerationRequest]) -> list[GenerationRequest]:
+        return [
             replace(request, params=replace(
                 request.params, temperature=self.sampling.temperature, top_p=self.sampling.top_p,
                 max_new_tokens=min(request.params.max_new_tokens, self.sampling.max_new_tokens)))
             for request in requests
         ]
-        return self.policy.generate(forced)
 
 
 @dataclass

@@ -2,8 +2,11 @@
 
 ``PolicyBatcher`` owns the policy: one worker thread calls ``policy.generate`` (policies are
 not thread-safe), gathering every request that arrived while the previous batch ran into the
-next batch, so parallel agents share forward passes (a batch holding a stream runs
-``policy.generate_stream``, which hands the stream its ids as they are sampled). ``ServeEngine.complete`` renders a
+next batch, so parallel agents share forward passes (every batch runs
+``policy.generate_stream``, which hands a stream its ids as they are sampled). Closing the
+batcher ends the generation in progress at its next sampled token: a worker thread still
+inside the model when the interpreter exits is aborted mid C++ call (``terminate called
+without an active exception``). ``ServeEngine.complete`` renders a
 parsed request, checks it against the context window, clamps its output length, waits for
 the batch without blocking the event loop, applies stop strings, parses tool calls, and
 records the exchange.
@@ -57,6 +60,10 @@ class ContextOverflow(Exception):
 
 class PolicyFailure(Exception):
     """The policy returned an error generation (an HTTP 500)."""
+
+
+class BatcherClosed(Exception):
+    """Raised from the token sink of a generation that a closing batcher ends early."""
 
 
 @dataclass
@@ -135,13 +142,14 @@ _Queued = tuple[GenerationRequest, "concurrent.futures.Future[Generation]", "Cal
 
 
 class PolicyBatcher:
-    """Runs ``policy.generate`` on one worker thread; concurrent requests share a batch."""
+    """Runs the policy on one worker thread; concurrent requests share a batch."""
 
     def __init__(self, policy: Policy, max_batch_size: int = 64) -> None:
         self.policy = policy
         self.max_batch_size = max_batch_size
         self._queue: queue.Queue[_Queued | None] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._closing = threading.Event()  # the running worker's: set when it is to stop
         self._start_lock = threading.Lock()
         self.batches = 0  # how many generate calls ran
         self.requests = 0  # how many requests they held
@@ -154,21 +162,29 @@ class PolicyBatcher:
         policy samples them (``Policy.generate_stream``)."""
         with self._start_lock:
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._work, name="harnessrl-serve-policy", daemon=True)
+                self._closing = threading.Event()
+                self._thread = threading.Thread(target=self._work, args=(self._closing,),
+                                                name="harnessrl-serve-policy", daemon=True)
                 self._thread.start()
         future: concurrent.futures.Future[Generation] = concurrent.futures.Future()
         self._queue.put((request, future, on_tokens))
         return future
 
     def close(self) -> None:
-        """Stops the worker after the queued requests (a later ``submit`` starts a new one)."""
+        """Stops the worker: the generation in progress ends at its next sampled token and
+        queued requests fail (their clients went with the server); a later ``submit`` starts
+        a new worker."""
         with self._start_lock:
             thread, self._thread = self._thread, None
+            closing = self._closing
         if thread is not None and thread.is_alive():
+            closing.set()
             self._queue.put(None)
             thread.join(timeout=30)
+            if thread.is_alive():
+                logger.warning("the policy worker did not stop within 30 s of closing")
 
-    def _work(self) -> None:
+    def _work(self, closing: threading.Event) -> None:
         while True:
             item = self._queue.get()
             if item is None:
@@ -184,26 +200,34 @@ class PolicyBatcher:
                     stop = True
                     break
                 batch.append(more)
-            self._run(batch)
+            self._run(batch, closing)
             if stop:
                 return
 
-    def _run(self, batch: list[_Queued]) -> None:
+    def _run(self, batch: list[_Queued], closing: threading.Event) -> None:
+        # A request whose caller gave up (its future was cancelled) is not run; the others'
+        # futures can no longer be cancelled, so setting their results cannot fail.
+        batch = [item for item in batch if item[1].set_running_or_notify_cancel()]
+        if not batch:
+            return
+        if closing.is_set():
+            for _, future, _ in batch:
+                future.set_exception(PolicyFailure("the server closed before this request ran"))
+            return
         self.batches += 1
         self.requests += len(batch)
         requests = [request for request, _, _ in batch]
         listeners = [on_tokens for _, _, on_tokens in batch]
 
         def dispatch(index: int, ids: Sequence[int]) -> None:
+            if closing.is_set():
+                raise BatcherClosed("the server closed during this generation")
             listener = listeners[index]
             if listener is not None:
                 listener(ids)
 
         try:
-            if any(listener is not None for listener in listeners):
-                generations = self.policy.generate_stream(requests, dispatch)
-            else:
-                generations = self.policy.generate(requests)
+            generations = self.policy.generate_stream(requests, dispatch)
             if len(generations) != len(batch):
                 raise RuntimeError(f"the policy returned {len(generations)} generations for {len(batch)} requests")
         except Exception as exc:  # a failing batch fails its requests, not the server

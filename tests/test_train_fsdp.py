@@ -12,7 +12,13 @@ transformers = pytest.importorskip("transformers", reason="transformers is insta
 pytest.importorskip("torch.distributed.fsdp", reason="torch.distributed (gloo) is needed")
 
 from harnessrl.rl.distributed import DataParallel  # noqa: E402
-from harnessrl.rl.update import MIN_SHARED_PREFIX, UpdateSample, micro_batches, update_step  # noqa: E402
+from harnessrl.rl.update import (  # noqa: E402
+    MIN_SHARED_PREFIX,
+    UpdateSample,
+    compute_values,
+    micro_batches,
+    update_step,
+)
 
 # Measured (2026-12-01, this CPU, float32, 2 processes vs 1): the diagnostics agree to relative
 # 1.7e-6, the gradient norm (float64 sums) to 5e-8, the AdamW moments to 1.4e-8 (the gradients
@@ -51,8 +57,9 @@ def train(model_dir, data_parallel=None):
     if data_parallel is not None:
         data_parallel.shard_model(model)
     value_head = torch.nn.Linear(model.config.hidden_size, 1)
+    values = compute_values(model, value_head, samples(), 0, micro_batch_tokens=120)  # the critic's no-grad forward
     optimizer = torch.optim.AdamW([*model.parameters(), *value_head.parameters()], lr=1e-3, eps=1e-6)
-    metrics = [update_step(model, optimizer, samples(), 0, micro_batch_tokens=120, entropy_coef=1.0, value_head=value_head,
+    metrics = [{"values": values}] + [update_step(model, optimizer, samples(), 0, micro_batch_tokens=120, entropy_coef=1.0, value_head=value_head,
                            data_parallel=data_parallel, **step) for step in STEPS]
     if data_parallel is not None:
         weights = DataParallel.full_model_state(model, to_cpu=True)
@@ -132,13 +139,15 @@ def test_every_model_parameter_is_a_row_shard_of_half_the_rows(two_processes):
 
 
 def test_sharded_update_takes_the_step_of_one_process(two_processes, one_process, tiny_model):
-    for two, one in zip(two_processes["metrics"], one_process["metrics"], strict=True):
+    values = [v for sample in one_process["metrics"][0]["values"] for v in sample]
+    assert [v for sample in two_processes["metrics"][0]["values"] for v in sample] == pytest.approx(values, rel=1e-5)
+    for two, one in zip(two_processes["metrics"][1:], one_process["metrics"][1:], strict=True):
         assert set(two) == set(one)
         assert two["optimizer_steps"] == one["optimizer_steps"] and two["micro_batches"] == one["micro_batches"]
         assert two["prefix_tokens_saved"] == one["prefix_tokens_saved"] > 0  # the shared prompt ran once
         for key, value in one.items():
             assert two[key] == pytest.approx(value, rel=LOSS_RTOL, abs=1e-9, nan_ok=True), key  # one value: no variance
-    assert two_processes["metrics"][0]["grad_norm"] == pytest.approx(one_process["metrics"][0]["grad_norm"], rel=1e-7)
+    assert two_processes["metrics"][1]["grad_norm"] == pytest.approx(one_process["metrics"][1]["grad_norm"], rel=1e-7)
     differences = {name: float((two_processes["weights"][name] - value).abs().max())
                    for name, value in one_process["weights"].items()}
     tied = {"model.embed_tokens.weight", "lm_head.weight"}

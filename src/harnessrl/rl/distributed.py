@@ -17,8 +17,10 @@ over the ranks, and so are its gradient and AdamW state. A forward all-gathers a
 parameters and frees them after; a backward reduce-scatters the gradients (summed, not
 averaged). FSDP2's collectives pair up across ranks, so every rank makes the same forward and
 backward calls: a mini-batch's micro-batches are dealt out in rounds of N, a rank with none
-left in a round runs a stand-in at weight 0, and a round runs the shared-prefix forward only
-when each of its micro-batches can (``local``). Rollouts need full weights: the sampling copy
+left in a round runs a stand-in at weight 0, and when one micro-batch of a round runs its
+shared prefix once (two decoder calls) the others split their forward into two calls as well
+(``local``). Forwards over the whole batch (old log-probabilities, PPO values) run on every
+rank alike. Rollouts need full weights: the sampling copy
 stays unsharded on every rank and takes the gathered full state dict after every optimizer
 step (``full_model_state``).
 
@@ -129,7 +131,6 @@ class DataParallel:
         dist.broadcast_object_list(box, src=0)
         return box[0]  # type: ignore[return-value]
 
-    # -- the update (the hook of ``rl.update.update_step``) --------------------------------------
     # -- FSDP2 (full fine-tuning) --------------------------------------------------------------
     def shard_model(self, model: Any) -> Any:
         """Shards ``model`` (a transformers causal LM) with FSDP2 in place and returns it: each

@@ -62,7 +62,7 @@ def train(model_dir, data_parallel=None):
     metrics = [{"values": values}] + [update_step(model, optimizer, samples(), 0, micro_batch_tokens=120, entropy_coef=1.0, value_head=value_head,
                            data_parallel=data_parallel, **step) for step in STEPS]
     if data_parallel is not None:
-        weights = DataParallel.full_model_state(model, to_cpu=True)
+        weights = DataParallel.full_model_state(model)
         optimizer_state = data_parallel.full_optimizer_state(optimizer)
     else:
         weights = {k: v.detach().clone() for k, v in model.state_dict().items()}

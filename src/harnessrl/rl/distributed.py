@@ -21,8 +21,8 @@ left in a round runs a stand-in at weight 0, and when one micro-batch of a round
 shared prefix once (two decoder calls) the others split their forward into two calls as well
 (``local``). Forwards over the whole batch (old log-probabilities, PPO values) run on every
 rank alike. Rollouts need full weights: the sampling copy
-stays unsharded on every rank and takes the gathered full state dict after every optimizer
-step (``full_model_state``).
+stays unsharded on every rank and takes the gathered weights after every optimizer step
+(``sync_sampling_copy``).
 
 LoRA keeps the model replicated (the all-reduce of plain DDP, done once per optimizer step
 over the accumulated adapter gradients; ``reduce_gradients``): the adapters are small.
@@ -160,25 +160,27 @@ class DataParallel:
         return model
 
     @staticmethod
-    def full_model_state(model: Any, to_cpu: bool) -> dict[str, torch.Tensor]:
-        """Returns the full (gathered) state dict of a sharded ``model``; every rank must call
-        it. ``to_cpu``: on rank 0's CPU only (other ranks get ``{}``), for a checkpoint; else
-        on every rank's device, for the sampling copy."""
+    def full_model_state(model: Any) -> dict[str, torch.Tensor]:
+        """Returns the full (gathered) state dict of a sharded ``model`` on rank 0's CPU (other
+        ranks get ``{}``), for a checkpoint; every rank must call it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=to_cpu))
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def sync_sampling_copy(self, model: Any, policy: Any) -> None:
         """Gives ``policy`` (a ``WeightSyncedPolicy`` with a model in this process) the full
-        weights of the sharded ``model`` (gathered on every rank, copied in its dtype) and has
-        it drop its prefix KV; every rank must call it."""
+        weights of the sharded ``model`` and has it drop its prefix KV; every rank must call
+        it. One parameter is gathered at a time (an all-gather each) and copied in, cast to
+        the copy's dtype, so a whole float32 model is never held twice."""
+        from torch.distributed.tensor import DTensor
+
         copy = policy.local_model()
         if copy is None:
             raise ValueError("a sharded model syncs into a rollout model in this process; this policy has none")
-        state = self.full_model_state(model, to_cpu=False)
+        targets = dict(copy.named_parameters())  # a tied LM head is the embedding here as there
         with torch.no_grad():
-            copy.load_state_dict(state)
-        del state
+            for name, parameter in model.named_parameters():
+                targets[name].copy_(parameter.full_tensor() if isinstance(parameter, DTensor) else parameter)
         policy.sync_weights(copy)  # its own model: nothing more to copy
 
     def full_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

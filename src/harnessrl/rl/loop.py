@@ -513,7 +513,7 @@ class Trainer:
         extra = {"value_head": self.value_head} if self.value_head is not None else None
         model_state = optimizer_state = None
         if self.parallel is not None and self.parallel.sharded:  # every rank gathers, rank 0 writes
-            model_state = self.parallel.full_model_state(self.model, to_cpu=True)
+            model_state = self.parallel.full_model_state(self.model)
             optimizer_state = self.parallel.full_optimizer_state(self.optimizer)
         if self.main:  # one full checkpoint, whatever the world size: it resumes on any
             save_checkpoint(self.run_dir, step, self.model, tokenizer, self.optimizer, self.scheduler, self.state,

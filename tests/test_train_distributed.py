@@ -1,8 +1,10 @@
-"""Data-parallel training under torchrun (gloo, 2 CPU processes) takes the steps one process takes,
-and a job with a rank killed by SIGKILL resumes on the same schedule."""
+"""Data-parallel training under torchrun (gloo, 2 CPU processes) takes the steps one process takes
+(full fine-tuning sharded by FSDP2, LoRA replicated), a job with a rank killed by SIGKILL resumes on
+the same schedule, and a checkpoint resumes on another number of processes."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,14 +26,14 @@ from harnessrl.trajectory import load_jsonl  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 STEPS = 3
-# Measured (2026-12-01, this CPU, 2 processes vs 1, same rollouts): the weights after each step
-# differ by at most 2.2e-8 (float32 gradients summed in another order); losses, entropies and
-# gradient norms agree to relative 1e-6 or better.
+# Measured (2026-12-01, this CPU, 2 FSDP2 processes vs 1, same rollouts): the weights after each
+# step differ by at most 1.3e-8 (float32 gradients reduce-scattered in another order); losses,
+# entropies and gradient norms (float64 sums) agree to relative 1e-6 or better.
 WEIGHT_ATOL, LOSS_RTOL = 1e-6, 1e-5
 LEARNING_RATE = 1e-3
 
 
-def overrides(model, run_dir):
+def overrides(model, run_dir, **extra):
     """Two GRPO groups per step (one per rank) and one sample per micro-batch (two per rank).
     One episode at a time and one thread (as in each rank): batching or threading would change
     the logits' last bits, and a near-uniform random model's samples with them.
@@ -43,20 +45,27 @@ def overrides(model, run_dir):
         "eval_tasks": 1, "eval_held_out": 0, "eval_out_of_space": False, "eval_base": False,
         "micro_batch_tokens": 64, "learning_rate": LEARNING_RATE, "temperature": 1.0, "seed": 3,
         "save_every": 1, "keep_checkpoints": STEPS + 1, "max_concurrent": 1,
-        "skip_no_signal_groups": False, "entropy_coef": 100.0,
+        "skip_no_signal_groups": False, "entropy_coef": 100.0, **extra,
     }
+
+
+def train_one_process(config, resume=False):
+    """Runs ``config`` in this process with one thread (as each rank has); returns its log."""
+    lines = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(config, resume=resume, log=lines.append)
+    finally:
+        torch.set_num_threads(threads)
+    return "\n".join(lines)
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_model, tmp_path_factory):
     """The run in one process (the plain path, no torchrun)."""
     run_dir = tmp_path_factory.mktemp("one-process") / "run"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        train(load_config(preset="quick", overrides=overrides(tiny_model, run_dir)), log=lambda message: None)
-    finally:
-        torch.set_num_threads(threads)
+    train_one_process(load_config(preset="quick", overrides=overrides(tiny_model, run_dir)))
     return run_dir
 
 
@@ -70,10 +79,19 @@ def torchrun(config_file, run_dir, *extra, via_nproc=False):
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def write_config(tmp_path, model, run_dir):
+def write_config(tmp_path, model, run_dir, **extra):
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump({"preset": "quick", **overrides(model, run_dir)}), encoding="utf-8")
+    path.write_text(yaml.safe_dump({"preset": "quick", **overrides(model, run_dir, **extra)}), encoding="utf-8")
     return path
+
+
+def checkpoints_up_to(source, target, step):
+    """Copies run ``source`` to ``target`` as it was after its checkpoint ``step`` (later ones dropped)."""
+    shutil.copytree(source, target)
+    for folder in (target / "checkpoints").glob("step-*"):
+        if int(folder.name.removeprefix("step-")) > step:
+            shutil.rmtree(folder)
+    return target
 
 
 def metrics(run_dir):
@@ -108,13 +126,56 @@ def assert_same_steps(run_dir, reference_dir):
     assert any(not torch.equal(weights(reference_dir, 0)[k], v) for k, v in weights(reference_dir, STEPS).items())
 
 
-def test_two_processes_take_the_steps_of_one(tiny_model, reference, tmp_path):
-    run_dir = tmp_path / "two"
-    process = torchrun(write_config(tmp_path, tiny_model, run_dir), run_dir, via_nproc=True)
+@pytest.fixture(scope="module")
+def two_processes(tiny_model, tmp_path_factory):
+    """The run on 2 processes (``--nproc 2``): its folder and its output."""
+    folder = tmp_path_factory.mktemp("two-processes")
+    run_dir = folder / "run"
+    process = torchrun(write_config(folder, tiny_model, run_dir), run_dir, via_nproc=True)
     output, _ = process.communicate(timeout=240)
     assert process.returncode == 0, output[-3000:]
+    return run_dir, output
+
+
+def test_two_processes_take_the_steps_of_one(two_processes, reference):
+    run_dir, output = two_processes
     assert_same_steps(run_dir, reference)
     assert "step 3/3" in output and output.count("step 3/3") == 1  # rank 0 alone logs
+    assert "data parallel: 2 processes, model sharded by FSDP2" in output
+
+
+def test_a_two_process_checkpoint_resumes_on_one_process(tiny_model, two_processes, reference, tmp_path):
+    run_dir = checkpoints_up_to(two_processes[0], tmp_path / "resumed", 1)
+    log = train_one_process(load_config(preset="quick", overrides=overrides(tiny_model, run_dir)), resume=True)
+    assert "(step 1)" in log
+    assert_same_steps(run_dir, reference)
+
+
+def test_a_one_process_checkpoint_resumes_on_two_processes(tiny_model, reference, tmp_path):
+    run_dir = checkpoints_up_to(reference, tmp_path / "resumed", 1)
+    process = torchrun(write_config(tmp_path, tiny_model, run_dir), run_dir, "--resume")
+    output, _ = process.communicate(timeout=240)
+    assert process.returncode == 0, output[-3000:]
+    assert "(step 1)" in output
+    assert_same_steps(run_dir, reference)
+
+
+def test_lora_adapters_stay_replicated_and_take_the_step_of_one_process(tiny_model, tmp_path):
+    lora = {"lora_rank": 4, "steps": 1, "sft_warm_start_steps": 0}
+    one_dir, two_dir = tmp_path / "lora-one", tmp_path / "lora-two"
+    train_one_process(load_config(preset="quick", overrides=overrides(tiny_model, one_dir, **lora)))
+    process = torchrun(write_config(tmp_path, tiny_model, two_dir, **lora), two_dir)
+    output, _ = process.communicate(timeout=240)
+    assert process.returncode == 0, output[-3000:]
+    assert "data parallel: 2 processes, LoRA adapters replicated" in output
+    from safetensors.torch import load_file
+
+    adapters = [load_file(run / "checkpoints" / "step-000001" / "model" / "adapter_model.safetensors") for run in (one_dir, two_dir)]
+    start = load_file(one_dir / "checkpoints" / "step-000000" / "model" / "adapter_model.safetensors")
+    assert set(adapters[0]) == set(adapters[1]) == set(start)
+    assert any(not torch.equal(start[name], value) for name, value in adapters[0].items())  # the step trained
+    for name, value in adapters[0].items():
+        assert float((adapters[1][name] - value).abs().max()) <= WEIGHT_ATOL, name
 
 
 def descendants(pid):

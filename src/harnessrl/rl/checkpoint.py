@@ -18,6 +18,7 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,10 +113,14 @@ def save_checkpoint(
     state: dict[str, Any],
     keep: int = 2,
     extra_modules: dict[str, torch.nn.Module] | None = None,
+    model_state: dict[str, torch.Tensor] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
     """Writes checkpoint ``step`` (the number of completed steps), replacing an existing one of
     the same step without ever leaving none, and prunes all but the newest ``keep``; returns
-    its path."""
+    its path. ``model_state`` and ``optimizer_state`` replace ``model.state_dict()`` and
+    ``optimizer.state_dict()`` (the full states gathered from a sharded model:
+    ``rl.distributed``), so the files are the same whatever the world size."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:06d}"
@@ -123,11 +128,11 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)  # an unfinished earlier attempt at this step
     tmp.mkdir()
-    model.save_pretrained(tmp / "model", safe_serialization=True)
+    model.save_pretrained(tmp / "model", safe_serialization=True, **({"state_dict": model_state} if model_state else {}))
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp / "model")
     torch.save(
-        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict() if scheduler else None, "rng": _rng_state()},
+        {"optimizer": optimizer_state or optimizer.state_dict(), "scheduler": scheduler.state_dict() if scheduler else None, "rng": _rng_state()},
         tmp / OPTIMIZER_FILE,
     )
     for module_name, module in (extra_modules or {}).items():
@@ -231,11 +236,15 @@ def recover_checkpoints(run_dir: str | Path) -> list[str]:
 
 
 def load_training_state(
-    checkpoint: Path, optimizer: torch.optim.Optimizer, scheduler: Any
+    checkpoint: Path, optimizer: torch.optim.Optimizer, scheduler: Any,
+    shard_optimizer_state: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Restores optimizer, scheduler and random states; returns the saved trainer state."""
+    """Restores optimizer, scheduler and random states; returns the saved trainer state.
+    ``shard_optimizer_state`` maps the saved full optimizer state to this rank's shards first
+    (a sharded model: ``rl.distributed.DataParallel.shard_optimizer_state``)."""
     blob = torch.load(checkpoint / OPTIMIZER_FILE, map_location="cpu", weights_only=False)
-    optimizer.load_state_dict(blob["optimizer"])
+    full = blob["optimizer"]
+    optimizer.load_state_dict(shard_optimizer_state(full) if shard_optimizer_state is not None else full)
     if scheduler is not None and blob.get("scheduler") is not None:
         scheduler.load_state_dict(blob["scheduler"])
     _set_rng_state(blob["rng"])

@@ -1,19 +1,37 @@
-"""Data-parallel training over several processes: rank-sharded rollouts, summed gradients, rank-0 output.
+"""Data-parallel training over several processes: rank-sharded rollouts, FSDP2 or replicated weights, rank-0 output.
 
     torchrun --nproc-per-node N -m harnessrl.cli train ...     (or: harnessrl train --nproc N)
 
     every rank builds the same schedule, jobs and seeds
     rollouts   group g of a step runs on rank g mod N        -> all-gathered, in job order
     advantages computed on every rank from the whole step    (identical everywhere)
-    update     micro-batch m of a mini-batch runs on rank m mod N; gradients are all-reduced
-               (summed: each micro-batch's loss is already normalised by the whole mini-batch)
-               before clipping, so every rank takes the same optimizer step
+    update     each rank runs its share of a mini-batch's micro-batches; gradients are summed
+               over the ranks (each micro-batch's loss is already normalised by the whole
+               mini-batch) before clipping, then one optimizer step
     outputs    rank 0 alone writes metrics, rollouts, evaluations and checkpoints
 
-The model is replicated (the all-reduce of plain DDP, done once per optimizer step over the
-accumulated gradients): for LoRA the adapters, for full fine-tuning every parameter. A
-checkpoint is therefore the ordinary full state dict of ``rl.checkpoint`` and resumes on any
-number of processes. The single-process path never touches this module.
+Full fine-tuning shards the trained model with FSDP2 (``torch.distributed.fsdp.fully_shard``,
+``shard_model``): every decoder layer is a group of its own, the rest (embeddings, final norm,
+the tied LM head) the root group, each parameter a ``DTensor`` split by rows (``Shard(0)``)
+over the ranks, and so are its gradient and AdamW state. A forward all-gathers a group's
+parameters and frees them after; a backward reduce-scatters the gradients (summed, not
+averaged). FSDP2's collectives pair up across ranks, so every rank makes the same forward and
+backward calls: a mini-batch's micro-batches are dealt out in rounds of N, a rank with none
+left in a round runs a stand-in at weight 0, and when one micro-batch of a round runs its
+shared prefix once (two decoder calls) the others split their forward into two calls as well
+(``local``). Forwards over the whole batch (old log-probabilities, PPO values) run on every
+rank alike. Rollouts need full weights: the sampling copy
+stays unsharded on every rank and takes the gathered weights after every optimizer step
+(``sync_sampling_copy``).
+
+LoRA keeps the model replicated (the all-reduce of plain DDP, done once per optimizer step
+over the accumulated adapter gradients; ``reduce_gradients``): the adapters are small.
+
+Checkpoints have one format whatever the world size, the ordinary full one of
+``rl.checkpoint``, written by rank 0: a sharded run gathers the full model state dict and the
+full optimizer state to rank 0's CPU first (``full_model_state``, ``full_optimizer_state``);
+on resume every rank reads the full checkpoint and keeps its shard (``shard_optimizer_state``).
+So a run resumes on any number of processes. The single-process path never touches this module.
 """
 
 from __future__ import annotations
@@ -22,11 +40,30 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 
+from harnessrl.rl.update import MIN_SHARED_PREFIX, UpdateSample, shared_prefix
+
 Result = TypeVar("Result")
+
+
+@dataclass
+class LocalBatch:
+    """A micro-batch this rank runs: ``weight`` 0 marks a stand-in (its loss counts nothing; it
+    runs so that every rank makes the same collective calls), ``two_calls`` that the decoder
+    runs in two calls even without a shared prefix (``rl.update.decoder_hidden``'s split)."""
+
+    samples: list[UpdateSample]
+    weight: float
+    two_calls: bool
+
+
+def trains(batch: list[UpdateSample]) -> bool:
+    """Returns whether some sample of ``batch`` has a trained token (past its first)."""
+    return any(any(s.loss_mask[1:]) for s in batch)
 
 
 class DataParallel:
@@ -34,6 +71,7 @@ class DataParallel:
 
     def __init__(self, rank: int, world_size: int, local_rank: int = 0) -> None:
         self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+        self.sharded = False  # set by ``shard_model``: FSDP2 parameters, not replicas
 
     @classmethod
     def from_env(cls) -> DataParallel | None:
@@ -93,16 +131,125 @@ class DataParallel:
         dist.broadcast_object_list(box, src=0)
         return box[0]  # type: ignore[return-value]
 
+    # -- FSDP2 (full fine-tuning) --------------------------------------------------------------
+    def shard_model(self, model: Any) -> Any:
+        """Shards ``model`` (a transformers causal LM) with FSDP2 in place and returns it: each
+        decoder layer a group, the root group the rest (the tied embeddings and LM head must
+        share one group). ``update_step`` calls the decoder and the LM head one by one, so the
+        model gets a method ``run_as_forward(function, *args)`` that runs ``function`` between
+        the root group's forward hooks (``register_fsdp_forward_method``): its parameters are
+        gathered around the call and again for the backward. Build the optimizer after this."""
+        from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+
+        for layer in model.get_decoder().layers:
+            fully_shard(layer)
+        fully_shard(model, reshard_after_forward=True)  # no stale gathered copy across an optimizer step
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                # Each micro-batch's loss is already divided by the whole mini-batch's count: sum
+                # (plain SUM: gloo has no pre-multiplied sum).
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)
+
+        def run_as_forward(function: Callable[..., Result], *args: Any) -> Result:
+            return function(*args)
+
+        model.run_as_forward = run_as_forward
+        register_fsdp_forward_method(model, "run_as_forward")
+        self.sharded = True
+        return model
+
+    @staticmethod
+    def full_model_state(model: Any) -> dict[str, torch.Tensor]:
+        """Returns the full (gathered) state dict of a sharded ``model`` on rank 0's CPU (other
+        ranks get ``{}``), for a checkpoint; every rank must call it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def sync_sampling_copy(self, model: Any, policy: Any) -> None:
+        """Gives ``policy`` (a ``WeightSyncedPolicy`` with a model in this process) the full
+        weights of the sharded ``model`` and has it drop its prefix KV; every rank must call
+        it. One parameter is gathered at a time (an all-gather each) and copied in, cast to
+        the copy's dtype, so a whole float32 model is never held twice."""
+        from torch.distributed.tensor import DTensor
+
+        copy = policy.local_model()
+        if copy is None:
+            raise ValueError("a sharded model syncs into a rollout model in this process; this policy has none")
+        targets = dict(copy.named_parameters())  # a tied LM head is the embedding here as there
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                targets[name].copy_(parameter.full_tensor() if isinstance(parameter, DTensor) else parameter)
+        policy.sync_weights(copy)  # its own model: nothing more to copy
+
+    def full_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Returns ``optimizer.state_dict()`` with every sharded tensor gathered to a full CPU
+        tensor, on rank 0 (other ranks get ``{}``): the format one process saves and loads.
+        Every rank must call it (one all-gather per sharded tensor)."""
+        from torch.distributed.tensor import DTensor
+
+        state = optimizer.state_dict()
+        full: dict[int, dict[str, Any]] = {}
+        for index, values in state["state"].items():
+            full[index] = {}
+            for key, value in values.items():
+                if isinstance(value, DTensor):
+                    value = value.full_tensor()
+                full[index][key] = value.cpu() if isinstance(value, torch.Tensor) else value
+        return {"state": full, "param_groups": state["param_groups"]} if self.is_main else {}
+
+    @staticmethod
+    def shard_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+        """Returns a full optimizer state (``full_optimizer_state``, or a one-process run's)
+        with each tensor of a sharded parameter cut to this rank's shard, ready for
+        ``optimizer.load_state_dict``; every rank holds the same full state (read from disk)."""
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        # state_dict() numbers the parameters in param_groups order, whatever the world size.
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        out: dict[int, dict[str, Any]] = {}
+        for index, values in state["state"].items():
+            param = params[int(index)]
+            out[index] = {}
+            for key, value in values.items():
+                if isinstance(param, DTensor) and isinstance(value, torch.Tensor) and value.shape == param.shape:
+                    value = distribute_tensor(value.to(param.device), param.device_mesh, param.placements,
+                                              src_data_rank=None)  # each rank cuts its own shard
+                out[index][key] = value
+        return {"state": out, "param_groups": state["param_groups"]}
+
     # -- the update (the hook of ``rl.update.update_step``) --------------------------------------
-    def local(self, micro_batches: list[Any]) -> list[Any]:
-        """Returns this rank's micro-batches of a mini-batch: every ``world_size``-th one."""
-        return micro_batches[self.rank :: self.world_size]
+    def local(self, micro_batches: list[list[UpdateSample]], share_prefix: bool) -> list[LocalBatch]:
+        """Returns this rank's micro-batches of a mini-batch. Replicated: every
+        ``world_size``-th one. Sharded: the micro-batches that train anything, in rounds of
+        ``world_size`` (rank r runs the r-th of each round); a rank with none left in the last
+        round runs a stand-in of the round's first at weight 0, and when one micro-batch of a
+        round runs its shared prefix apart, every other one splits its forward in two calls
+        too: every rank calls the model alike."""
+        if not self.sharded:
+            return [LocalBatch(b, 1.0, False) for b in micro_batches[self.rank :: self.world_size]]
+        trained = [b for b in micro_batches if trains(b)]
+        out = []
+        for start in range(0, len(trained), self.world_size):
+            members = trained[start : start + self.world_size]
+            two_calls = share_prefix and any(shared_prefix(b) >= MIN_SHARED_PREFIX for b in members)
+            if self.rank < len(members):
+                out.append(LocalBatch(members[self.rank], 1.0, two_calls))
+            else:
+                out.append(LocalBatch(members[0], 0.0, two_calls))
+        return out
 
     def reduce_gradients(self, params: list[torch.nn.Parameter]) -> None:
-        """Sums every parameter's gradient over the ranks (a rank without micro-batches adds
-        zeros), flattened into one buffer: one collective per optimizer step."""
+        """Sums every replicated parameter's gradient over the ranks (a rank without
+        micro-batches adds zeros), flattened into one buffer: one collective per optimizer
+        step. Sharded parameters (``DTensor``) are skipped: FSDP2 reduce-scattered theirs."""
         import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
 
+        params = [p for p in params if not isinstance(p, DTensor)]
+        if not params:
+            return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1).float() for g in grads])
         dist.all_reduce(flat)

@@ -98,6 +98,11 @@ class Trainer:
         from harnessrl.policy.hf import HFPolicy
 
         resuming = resume and checkpoint is not None
+        # Several processes shard full fine-tuning with FSDP2 and replicate LoRA (rl.distributed).
+        shard = self.parallel is not None and not cfg.lora_rank
+        if shard and cfg.policy_server is not None:
+            raise ValueError("full fine-tuning on several processes shards the model (FSDP2) and rolls out in "
+                             "process: drop policy_server, train LoRA (lora_rank > 0), or run one process")
         # A LoRA checkpoint holds only the adapter: the base model comes from the config.
         model_source = str(checkpoint / "model") if (resuming and not cfg.lora_rank) else cfg.model
         device = resolve_device(cfg.device)
@@ -105,13 +110,14 @@ class Trainer:
         # copy in the rollout dtype, synced after every optimizer step; the update's forward
         # and backward run under autocast in that dtype. bfloat16 master weights would round
         # away updates of lr ~1e-6. LoRA trains float32 adapters on the shared base model.
-        # A float32 (or LoRA) rollout model in this process is trained in place, no copy.
+        # A float32 (or LoRA) rollout model in this process is trained in place, no copy; a
+        # sharded model cannot sample, so FSDP2 always trains a copy of its own.
         rollout_dtype = resolve_dtype(cfg.dtype, device) if cfg.lora_rank else resolve_rollout_dtype(cfg.dtype, device)
         self.policy = make_training_policy(model_source, cfg.device, rollout_dtype, server=cfg.policy_server,
                                            server_model=cfg.policy_server_model, weights_dir=self.run_dir / "sync")
         self.model = self.policy.local_model()
         self.autocast_dtype: torch.dtype | None = None  # update_step's default: bf16 on CUDA only
-        if self.model is None or (not cfg.lora_rank and rollout_dtype != torch.float32):
+        if self.model is None or (not cfg.lora_rank and (rollout_dtype != torch.float32 or shard)):
             from transformers import AutoModelForCausalLM
 
             self.model = AutoModelForCausalLM.from_pretrained(
@@ -131,6 +137,11 @@ class Trainer:
             self.policy.sync_weights(self.model)  # samples through the adapters; drops the bare model's KV
         elif cfg.policy_server is not None:
             self.policy.sync_weights(self.model)  # the server samples from the weights trained here (or resumed)
+        if self.parallel is not None:
+            if shard:
+                self.parallel.shard_model(self.model)  # before the optimizer: it steps the shards
+            log(f"data parallel: {self.parallel.world_size} processes, "
+                f"{'model sharded by FSDP2' if shard else 'LoRA adapters replicated'}")
         # The KL reference is the model the run started from, also after a resume.
         self.ref_model: torch.nn.Module | None = None
         if cfg.kl_coef > 0:
@@ -154,7 +165,8 @@ class Trainer:
         self.state: dict[str, Any] = {"step": 0}
         self.metrics_path = self.run_dir / "metrics.jsonl"
         if resume and checkpoint is not None:
-            self.state = load_training_state(checkpoint, self.optimizer, self.scheduler)
+            shard_state = (lambda full: self.parallel.shard_optimizer_state(self.optimizer, full)) if shard else None
+            self.state = load_training_state(checkpoint, self.optimizer, self.scheduler, shard_state)
             self._drop_metrics_from(int(self.state["step"]))
             self.log(f"resumed from {checkpoint} (step {self.state['step']})")
         self.tracker = Tracker(self.run_dir, cfg.report_to, cfg.model_dump(), self.log)
@@ -197,8 +209,12 @@ class Trainer:
 
     def sync_rollout_weights(self) -> None:
         """Gives the rollout policy the trained weights (copied in when the master weights are a
-        model of their own) and drops its prefix KV cache: call it after every optimizer step."""
-        self.policy.sync_weights(self.model)
+        model of their own; gathered when sharded) and drops its prefix KV cache: call it after
+        every optimizer step."""
+        if self.parallel is not None and self.parallel.sharded:
+            self.parallel.sync_sampling_copy(self.model, self.policy)
+        else:
+            self.policy.sync_weights(self.model)
 
     def close(self) -> None:
         """Stops the agent server of black-box rollouts (if any); the policy stays usable."""
@@ -495,9 +511,14 @@ class Trainer:
             self.state["rescue"] = self.rescue.state_dict()
         tokenizer = getattr(self.policy, "hf_tokenizer", None)
         extra = {"value_head": self.value_head} if self.value_head is not None else None
-        if self.main:  # the weights are replicated: one full checkpoint resumes on any world size
+        model_state = optimizer_state = None
+        if self.parallel is not None and self.parallel.sharded:  # every rank gathers, rank 0 writes
+            model_state = self.parallel.full_model_state(self.model)
+            optimizer_state = self.parallel.full_optimizer_state(self.optimizer)
+        if self.main:  # one full checkpoint, whatever the world size: it resumes on any
             save_checkpoint(self.run_dir, step, self.model, tokenizer, self.optimizer, self.scheduler, self.state,
-                            keep=self.cfg.keep_checkpoints, extra_modules=extra)
+                            keep=self.cfg.keep_checkpoints, extra_modules=extra,
+                            model_state=model_state, optimizer_state=optimizer_state)
         if self.parallel is not None:
             self.parallel.barrier()
 

@@ -118,7 +118,7 @@ def _pack(order: list[UpdateSample], token_budget: int, share_prefix: bool) -> l
 
 def _collate(
     batch: list[UpdateSample], pad_id: int, device: torch.device, share_prefix: bool = False,
-    old_logprobs: dict[int, torch.Tensor] | None = None,
+    old_logprobs: dict[int, torch.Tensor] | None = None, two_calls: bool = False,
 ) -> dict[str, torch.Tensor]:
     length = max(len(s.input_ids) for s in batch)
     ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
@@ -150,9 +150,11 @@ def _collate(
         for row, s in enumerate(batch):
             old[row, : len(s.input_ids) - 1] = old_logprobs[id(s)]
         extra["old_logprobs"] = old.to(device)
+    prefix = prefix if prefix >= MIN_SHARED_PREFIX else 0
     return {
         **extra,
-        "prefix_len": torch.tensor(prefix if prefix >= MIN_SHARED_PREFIX else 0),
+        "prefix_len": torch.tensor(prefix),
+        "split": torch.tensor(two_calls and prefix == 0),
         "value_mask": value_mask.to(device),
         "returns": returns.to(device),
         "old_values": old_values.to(device),
@@ -241,9 +243,10 @@ def update_step(
     group's prompt, a harness's system prompt) and run it once (``decoder_hidden``); the
     step's loss and gradients are unchanged.
     ``data_parallel`` (``rl.distributed.DataParallel``; every rank holds all ``samples``): this
-    rank runs only its share of each mini-batch's micro-batches, the gradients are summed over
-    the ranks before clipping and the diagnostics are reduced over them, so every rank takes
-    the optimizer step one process would take (up to the order of the sums).
+    rank runs only its share of each mini-batch's micro-batches (``DataParallel.local``), the
+    gradients are summed over the ranks before clipping (FSDP2's reduce-scatter for a sharded
+    model, one all-reduce for replicated parameters) and the diagnostics are reduced over them,
+    so every rank takes the optimizer step one process would take (up to the order of the sums).
     """
     if ppo_epochs < 1 or mini_batches < 1:
         raise ValueError(f"ppo_epochs and mini_batches must be at least 1, got {ppo_epochs} and {mini_batches}")
@@ -272,15 +275,22 @@ def update_step(
         batches = micro_batches(mini_batch, micro_batch_tokens, share_prefix)
         counts["micro_batches"] += len(batches)
         step_terms: dict[str, float] = {}  # the loss terms of this optimizer step
-        for batch in data_parallel.local(batches) if data_parallel is not None else batches:
-            data = _collate(batch, pad_id, device, share_prefix, old_of)
-            counts["prefix_tokens_saved"] += int(data["prefix_len"]) * (len(batch) - 1)
+        local = data_parallel.local(batches, share_prefix) if data_parallel is not None else None
+        for batch, weight, two_calls in (
+            ((b.samples, b.weight, b.two_calls) for b in local) if local is not None
+            else ((b, 1.0, False) for b in batches)
+        ):
+            # weight 0 and two_calls keep a sharded model's collectives in step (rl.distributed)
+            data = _collate(batch, pad_id, device, share_prefix, old_of, two_calls)
             n_tokens = float(data["mask"].sum())
             if n_tokens == 0:
                 continue
+            if weight:
+                counts["prefix_tokens_saved"] += int(data["prefix_len"]) * (len(batch) - 1)
             with autocast_context(device, autocast_dtype):
-                hidden, logprobs, entropy = masked_token_logprobs(
-                    model, data, temperature if objective == "pg" else 1.0, entropy_grad=entropy_coef > 0
+                hidden, logprobs, entropy = as_forward(
+                    model, masked_token_logprobs, model, data, temperature if objective == "pg" else 1.0,
+                    entropy_coef > 0,
                 )
             if objective == "nll":
                 loss = -(logprobs * data["mask"]).sum() / max(total_tokens, 1.0)
@@ -315,7 +325,7 @@ def update_step(
                 metrics = dict(out.metrics)
                 for key in ("pg_loss", "kl_ref"):  # this micro-batch's share of the mini-batch's loss
                     if key in metrics:
-                        step_terms[key] = step_terms.get(key, 0.0) + metrics.pop(key) * scale
+                        step_terms[key] = step_terms.get(key, 0.0) + metrics.pop(key) * scale * weight
                 if value_head is not None and float(data["value_mask"].sum()) > 0:
                     values = value_head(hidden.float()).squeeze(-1)
                     # The mean over the mini-batch's value positions, whatever the padding.
@@ -323,11 +333,14 @@ def update_step(
                     value_share = float(data["value_mask"].sum()) / max(total_values, 1.0)
                     loss = loss + vf_coef * vf.loss * value_share
                     metrics.update(vf.metrics)
-                    step_terms["vf_loss"] = step_terms.get("vf_loss", 0.0) + metrics.pop("vf_loss") * value_share
+                    step_terms["vf_loss"] = step_terms.get("vf_loss", 0.0) + metrics.pop("vf_loss") * value_share * weight
                 with torch.no_grad():
                     # The sampler's mismatch with the trainer under the weights that sampled.
                     mismatch = (data["rollout_logprobs"] - old_logprobs).abs() * data["mask"]
                     metrics["rollout_logprob_diff"] = float(mismatch.sum() / n_tokens)
+            if not weight:
+                (loss * 0.0).backward()
+                continue
             loss.backward()
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value * n_tokens
@@ -341,7 +354,7 @@ def update_step(
             step_terms = data_parallel.reduce_sums(step_terms)
         for key, value in step_terms.items():
             loss_terms.setdefault(key, []).append(value)
-        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))
+        grad_norms.append(clip_gradients(params, max_grad_norm))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     if scheduler is not None:
@@ -364,6 +377,37 @@ def update_step(
 
 
 @torch.no_grad()
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Scales the gradients of ``params`` to a total 2-norm of at most ``max_norm`` (the
+    coefficient of ``torch.nn.utils.clip_grad_norm_``) and returns the norm before, summed in
+    float64: a float32 norm of a large embedding's gradient is off by ~3e-4 on CPU, and the
+    squares of a sharded model's shards (FSDP2 ``DTensor`` gradients, one all-reduce) must add
+    up to the norm one process computes."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    sharded_type: Any = ()
+    if torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor as sharded_type
+    sharded = replicated = torch.zeros((), dtype=torch.float64, device=grads[0].device)
+    mesh = None
+    for grad in grads:
+        if isinstance(grad, sharded_type):
+            mesh = grad.device_mesh  # every shard of rl.distributed's FSDP2 lies on one 1-D mesh
+            sharded = sharded + torch.linalg.vector_norm(grad.to_local(), dtype=torch.float64) ** 2
+        else:
+            replicated = replicated + torch.linalg.vector_norm(grad, dtype=torch.float64) ** 2
+    if mesh is not None:
+        torch.distributed.all_reduce(sharded, group=mesh.get_group())
+    total = float((sharded + replicated).sqrt())
+    coefficient = max_norm / (total + 1e-6)
+    if coefficient < 1.0:
+        for grad in grads:
+            grad.mul_(coefficient)
+    return total
+
+
+@torch.no_grad()
 def old_token_logprobs(
     model: torch.nn.Module, samples: list[UpdateSample], pad_id: int, temperature: float,
     micro_batch_tokens: int = 4096, autocast_dtype: torch.dtype | None = None, share_prefix: bool = True,
@@ -379,10 +423,19 @@ def old_token_logprobs(
             logprobs = torch.zeros(data["mask"].shape)
         else:
             with autocast_context(device, autocast_dtype):
-                _, logprobs, _ = masked_token_logprobs(model, data, temperature)
+                _, logprobs, _ = as_forward(model, masked_token_logprobs, model, data, temperature)
         for row, sample in enumerate(batch):
             out[id(sample)] = logprobs[row, : len(sample.input_ids) - 1].float().cpu()
     return out
+
+
+def as_forward(model: torch.nn.Module, function: Any, *args: Any) -> Any:
+    """Returns ``function(*args)`` run as a forward of ``model``: for a model sharded by
+    ``rl.distributed.DataParallel.shard_model`` between its root group's FSDP2 hooks (they
+    gather the embeddings, the final norm and the LM head that the decoder and the head
+    calls below read), for any other model a plain call."""
+    run = getattr(model, "run_as_forward", None)
+    return run(function, *args) if run is not None else function(*args)
 
 
 def autocast_context(device: torch.device, dtype: torch.dtype | None) -> Any:
@@ -429,14 +482,24 @@ def decoder_hidden(decoder: torch.nn.Module, data: dict[str, torch.Tensor]) -> t
     broadcast to every row for the rest; gradients from all rows flow back into the single
     prefix pass, so the result and its gradients are those of the plain batched pass (up to
     float rounding) at ``P x (B - 1)`` fewer tokens of compute.
+
+    With ``data["split"]`` (and no shared prefix) the decoder runs in the same two calls, the
+    first over every row's first token, the rest against its keys and values: the result of
+    one pass, called the way a shared-prefix micro-batch calls it (the ranks of a sharded
+    model must call each layer equally often: ``rl.distributed.DataParallel.local``).
     """
     ids, attention = data["input_ids"], data["attention_mask"]
     prefix = int(data.get("prefix_len", 0))
-    if prefix <= 0:
+    split = bool(data.get("split", False))
+    if prefix <= 0 and not split:
         return decoder(input_ids=ids, attention_mask=attention).last_hidden_state
     rows, length = ids.shape
     cache_argument = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
-    head = decoder(input_ids=ids[:1, :prefix], use_cache=True)
+    if prefix <= 0:
+        prefix = 1
+        head = decoder(input_ids=ids[:, :1], attention_mask=attention[:, :1], use_cache=True)
+    else:
+        head = decoder(input_ids=ids[:1, :prefix], use_cache=True)
     cache = head.cache if cache_argument == "cache" else head.past_key_values
     from transformers.cache_utils import DynamicLayer
 
@@ -469,7 +532,7 @@ def compute_values(
     for batch in micro_batches(samples, micro_batch_tokens, share_prefix):
         data = _collate(batch, pad_id, device, share_prefix)
         with autocast_context(device, autocast_dtype):
-            hidden = decoder_hidden(model.get_decoder(), data)
+            hidden = as_forward(model, decoder_hidden, model.get_decoder(), data)
         values = value_head(hidden.float()).squeeze(-1)
         for row, sample in enumerate(batch):
             out[id(sample)] = [float(values[row, p]) for p in sample.value_positions]

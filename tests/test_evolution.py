@@ -4,6 +4,7 @@ the evolved siblings target the root causes and raise the pass rate over H0 on h
 tasks, every member stays oracle-compliant, and a run resumes and repeats by seed."""
 
 import itertools
+import json
 import math
 import random
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harnessrl.harness import Harness, HarnessLimits
-from harnessrl.harness.siblings import Sibling, ToolHint
+from harnessrl.harness.siblings import Sibling, ToolHint, load_sibling
 from harnessrl.policy.faulty import WRONG_KEY, FaultyPolicy, fault_of
 from harnessrl.rescue.check import check_siblings
 from harnessrl.rescue.diagnose import OfflineDiagnoser
@@ -113,3 +114,13 @@ def test_evolution_resumes_and_repeats_by_seed(tmp_path):
     with pytest.raises(ValueError, match=r"other options .*seed"):
         evolve(tmp_path / "a", EvolutionConfig(**{**two.__dict__, "seed": 5}), FaultyPolicy(), SETTINGS)
     assert Path(tmp_path / "a" / "rounds" / "r2").is_dir()
+    # every candidate's patch is kept, the rejected ones too, and loads as the child it was
+    state = json.loads((tmp_path / "a" / "evolution.json").read_text())
+    candidates = [c for r in state["rounds"] for c in r["candidates"] if c.get("status") != "duplicate"]
+    assert candidates and all((tmp_path / "a" / c["patch"]).exists() for c in candidates)
+    members = {s.id: s.content_hash for s in a.members}
+    for c in candidates:
+        child = load_sibling(tmp_path / "a" / c["patch"])
+        assert child.id == c["id"] and (c["id"] not in members or members[c["id"]] == child.content_hash)
+        if "fixed" in c:  # a child that failed the static check has no local evaluation
+            assert len(c["fixed_tasks"]) == c["fixed"] and len(c["broken_tasks"]) == c["broken"]

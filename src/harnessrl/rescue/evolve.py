@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from harnessrl.harness.siblings import BASE_ID, Sibling, build
+from harnessrl.harness.siblings import BASE_ID, Sibling, build, save_sibling
 from harnessrl.policy.base import Policy
 from harnessrl.rescue.check import check_siblings
 from harnessrl.rescue.diagnose import Diagnoser, OfflineDiagnoser
@@ -193,10 +193,14 @@ class Evolution:
                     item["status"] = "duplicate"
                     continue
                 known.add(child.content_hash)
+                # Every candidate's patch is kept, valid or not: a rejected edit is evidence too
+                # (what it targeted, what it broke), and it can be inspected or re-validated.
+                item["patch"] = str(save_sibling(child, folder / "candidates" / f"{child.id}.yaml").relative_to(self.out))
                 record, item["status"] = self._validate(child, candidate, parent_table, failed_causes, h0)
                 if record is not None:
                     item.update(fixed=len(record.target_fixed), broken=len(record.broken_vs_parent),
-                                solved=len(record.solved), tasks=len(record.tasks))
+                                solved=len(record.solved), tasks=len(record.tasks),
+                                fixed_tasks=sorted(record.target_fixed), broken_tasks=sorted(record.broken_vs_parent))
                     if record.valid:
                         children.append((child, record))
         covers = {c.id: set(r.solved) for c, r in children}

@@ -31,6 +31,7 @@ from harnessrl.harness.harness import Harness, HarnessLimits, out_of_space_names
 from harnessrl.harness.registry import default_space
 from harnessrl.pairing import PairingSchedule
 from harnessrl.policy.base import SamplingParams
+from harnessrl.policy.device import release_freed_memory
 from harnessrl.progress import Progress
 from harnessrl.rescue.groups import GroupInfo, signal_metrics
 from harnessrl.rescue.router import TaskInfo
@@ -215,6 +216,7 @@ class Trainer:
             self.parallel.sync_sampling_copy(self.model, self.policy)
         else:
             self.policy.sync_weights(self.model)
+        release_freed_memory()  # the step's activations, kept by the C allocator otherwise
 
     def close(self) -> None:
         """Stops the agent server of black-box rollouts (if any); the policy stays usable."""

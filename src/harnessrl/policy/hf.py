@@ -66,6 +66,7 @@ Conventions (what the trainer relies on):
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import inspect
 import math
@@ -89,6 +90,7 @@ from harnessrl.policy.base import (
 from harnessrl.policy.device import resolve_device, resolve_dtype
 from harnessrl.policy.embedded import resolve_model_path
 from harnessrl.policy.kv_slab import GROUPED_SDPA, KVSlab, row_groups
+from harnessrl.policy.packed_linear import PackedLinears, onednn_linear_available
 from harnessrl.policy.prefix_cache import PrefixCache, PrefixCacheStats
 from harnessrl.policy.sampling import sample_index, top_p_filter
 
@@ -109,7 +111,11 @@ class HFPolicy(WeightSyncedPolicy):
     requests run in one batch; more are processed in chunks of similar prompt lengths.
     ``max_prefix_cache_tokens`` bounds the prefix KV cache (see the module docstring; float32
     SmolLM2-135M takes about 46 KB per token, so the default 65,536 tokens is about 3 GB);
-    ``0`` turns it off. ``generate`` calls are serialized by a lock.
+    ``0`` turns it off. ``packed_linear`` runs the model's linear layers through oneDNN on
+    weights packed once (``policy/packed_linear.py``; 2-3x faster decode steps on this project's
+    CPU, same function up to float rounding, the packed copies take the linear weights' memory
+    again); ``None`` turns it on wherever it can run (CPU, float32 or bfloat16).
+    ``generate`` calls are serialized by a lock.
     """
 
     def __init__(
@@ -120,6 +126,7 @@ class HFPolicy(WeightSyncedPolicy):
         max_batch_size: int = 16,
         attn_implementation: str | None = None,
         max_prefix_cache_tokens: int = 65536,
+        packed_linear: bool | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -176,13 +183,22 @@ class HFPolicy(WeightSyncedPolicy):
         )
         self._weights_seen: tuple[int, int] | None = None
         self._lock = threading.Lock()
+        can_pack = onednn_linear_available(self.device, self.dtype)
+        if packed_linear and not can_pack:
+            raise ValueError(
+                f"packed_linear needs a CPU with oneDNN and float32 or bfloat16 weights, "
+                f"not {self.device} / {self.dtype}; pass packed_linear=None to choose automatically"
+            )
+        self.packed_linears: PackedLinears | None = (
+            PackedLinears() if (can_pack if packed_linear is None else packed_linear) else None
+        )
 
     # ---------------------------------------------------------------- public API
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Returns one generation per request, in order (see the module docstring for the
         log-probability, seed, stop, prefix-cache and error conventions)."""
-        with self._lock:
+        with self._lock, self._linears_installed():
             self._drop_stale_prefix_cache()
             return self._generate_locked(requests)
 
@@ -190,7 +206,7 @@ class HFPolicy(WeightSyncedPolicy):
         """Returns what ``generate`` returns, handing every sampled token to ``on_tokens``
         (with its request's index) right after the decode step that sampled it; the tokens,
         log-probs and batching are those of ``generate``."""
-        with self._lock:
+        with self._lock, self._linears_installed():
             self._drop_stale_prefix_cache()
             return self._generate_locked(requests, on_tokens)
 
@@ -200,7 +216,16 @@ class HFPolicy(WeightSyncedPolicy):
             if self.prefix_cache is not None:
                 self.prefix_cache.clear()
                 self.cache_stats.invalidations += 1
+            if self.packed_linears is not None:
+                self.packed_linears.clear()
             self._weights_seen = None
+
+    def _linears_installed(self) -> Any:
+        """Returns a context in which the model's linear layers run on packed weights (when
+        ``packed_linear`` is on; otherwise a context that changes nothing)."""
+        if self.packed_linears is None:
+            return contextlib.nullcontext()
+        return self.packed_linears.installed(self.model)
 
     def local_model(self) -> Any:
         """Returns the transformers model this policy samples from (it lives in this process,
@@ -304,6 +329,7 @@ class HFPolicy(WeightSyncedPolicy):
     def close(self) -> None:
         """Releases the model's memory."""
         self.model = None
+        self.packed_linears = None
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

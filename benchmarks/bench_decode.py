@@ -19,8 +19,8 @@ import statistics
 import time
 
 import torch
-
 from bench_generation import QUESTIONS
+
 from harnessrl.harness.base import Message
 from harnessrl.policy.base import Generation, GenerationRequest, SamplingParams
 from harnessrl.policy.hf import HFPolicy

@@ -216,8 +216,8 @@ class HFPolicy(WeightSyncedPolicy):
             if self.prefix_cache is not None:
                 self.prefix_cache.clear()
                 self.cache_stats.invalidations += 1
-            if self.packed_linears is not None:
-                self.packed_linears.clear()
+            if self.packed_linears is not None and self.model is not None:
+                self.packed_linears.clear(self.model)
             self._weights_seen = None
 
     def _linears_installed(self) -> Any:

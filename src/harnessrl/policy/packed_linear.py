@@ -12,13 +12,16 @@ its packed weight while the context is open, and only for calls without autograd
 forward in that window still runs the module's own ``forward``). A packed weight is a copy:
 it is made again whenever its parameter is replaced (``data_ptr``) or written in place
 (``_version``: ``optimizer.step()``, ``copy_``, ``load_state_dict``); writes through
-``param.data`` move neither, so whoever writes weights that way calls ``clear()``. The packed
+``param.data`` move neither, so whoever writes weights that way calls ``clear(model)``. Packed
+weights belong to the layer, not to one ``PackedLinears``: two policies sampling from one model
+share them, and ``clear`` through either drops them for both. The packed
 copies take as much memory again as the linear weights (about 0.55 GB for float32
 SmolLM2-135M). Results equal ``aten::linear`` up to float rounding of the reduction order.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -29,6 +32,12 @@ import torch
 # max_batch_size rows (16 by default), prefills more: 16 was as fast as the exact count for
 # 1, 8, 16 and 300 rows.
 PACKING_ROWS = 16
+
+# layer -> ((data_ptr, version) of the weight it was packed from, packed weight); an entry goes
+# when its layer is garbage-collected.
+_PACKED: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[int, int], torch.Tensor]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def onednn_linear_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -46,24 +55,23 @@ class PackedLinears:
     first use and again when a weight changes; ``installed`` runs the layers on them."""
 
     def __init__(self) -> None:
-        # module -> ((data_ptr, version) of the weight it was packed from, packed weight)
-        self._packed: dict[torch.nn.Module, tuple[tuple[int, int], torch.Tensor]] = {}
-        self.packings = 0  # how many weights were packed so far (repacks included)
+        self.packings = 0  # how many weights this instance packed so far (repacks included)
 
-    def clear(self) -> None:
-        """Drops every packed weight (they are packed again on their next use)."""
-        self._packed.clear()
+    def clear(self, model: torch.nn.Module) -> None:
+        """Drops the packed weights of ``model``'s layers (they are packed again on next use)."""
+        for module in model.modules():
+            _PACKED.pop(module, None)
 
     def packed_weight(self, module: torch.nn.Linear) -> torch.Tensor:
         """Returns ``module``'s weight packed for oneDNN, packing it when it is new or changed."""
         weight = module.weight
         seen = (weight.data_ptr(), weight._version)
-        entry = self._packed.get(module)
+        entry = _PACKED.get(module)
         if entry is None or entry[0] != seen:
             with torch.no_grad():
                 packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACKING_ROWS)
             entry = (seen, packed)
-            self._packed[module] = entry
+            _PACKED[module] = entry
             self.packings += 1
         return entry[1]
 
@@ -80,9 +88,6 @@ class PackedLinears:
         finally:
             for module in linears:
                 del module.forward
-            live = set(linears)
-            for module in [module for module in self._packed if module not in live]:
-                del self._packed[module]  # a layer that left the model (a wrapper replaced it)
 
     def _packed_forward(self, module: torch.nn.Linear) -> Any:
         """Returns ``module``'s forward on its packed weight (its own forward where that
@@ -94,6 +99,13 @@ class PackedLinears:
             if torch.is_grad_enabled() or input.dtype != weight.dtype or input.device != weight.device:
                 return own_forward(input)  # type: ignore[no-any-return]
             packed = self.packed_weight(module)
+            if input.numel() == input.shape[-1]:
+                # oneDNN runs a single row through another kernel than two or more, whose sums
+                # round differently; with a zero row beside it, a row's output does not depend on
+                # how many rows share the call (decode steps of one request, cached prefills).
+                pair = torch.cat([input.reshape(1, -1), input.new_zeros(1, input.shape[-1])])
+                output = torch.ops.mkldnn._linear_pointwise(pair, packed, module.bias, "none", [], "")
+                return output[:1].reshape(*input.shape[:-1], -1)
             return torch.ops.mkldnn._linear_pointwise(input, packed, module.bias, "none", [], "")  # type: ignore[no-any-return]
 
         return forward

@@ -291,7 +291,7 @@ def test_evaluate_hands_ext_targets_to_the_external_agents_runner(monkeypatch):
         def __init__(self, backend="auto", **limits):  # limits: what eval passes through (max_tokens, ...)
             self.backend, self.limits = backend, limits
 
-    def evaluate_external_targets(names, policy, tasks, k=1, config=None):
+    def evaluate_external_targets(names, policy, tasks, k=1, config=None, on_trajectory=None):
         calls.append((list(names), len(tasks), k, config.backend))
         return [Trajectory(task_id=t.id, config=name, harness=name, passed=True, out_of_space=True, seed=r)
                 for name in names for t in tasks for r in range(k)]

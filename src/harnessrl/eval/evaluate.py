@@ -151,9 +151,9 @@ def evaluate(
         # (sized for model tokens: scripted policies, which write whole commands byte by byte,
         # keep the server's default) and its turn limit as the agent's step limit.
         bytewise = isinstance(getattr(policy, "tokenizer", None), ByteTokenizer)
+        given = {"max_steps": limits.max_turns if limits is not None else None, "time_limit_s": agent_time_limit_s}
         default = ExternalConfig(backend=backend, max_tokens=None if bytewise else max_new_tokens,
-                                 max_steps=limits.max_turns if limits is not None else ExternalConfig.max_steps,
-                                 time_limit_s=agent_time_limit_s or ExternalConfig.time_limit_s)
+                                 **{name: value for name, value in given.items() if value})
         trajectories += evaluate_external_targets(external_names, policy, tasks, k=k, config=external or default,
                                                   on_trajectory=on_external)
     groups = {t.name: t.group or ("external" if t.name in external_names else "") for t in targets}

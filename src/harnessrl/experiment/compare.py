@@ -59,9 +59,10 @@ def compare(out_dir: str | Path) -> dict[str, Any]:
             path = out / "arms" / f"{arm['name']}-seed{m['seed']}" / "eval" / "experiment.jsonl"
             runs = load_jsonl(path) if path.exists() else []
             pooled += runs
-            for group in ("in_space", "out_of_space"):
+            # the paired sides: an external agent program counts on the out-of-space side
+            for group, names in (("in_space", ("in_space",)), ("out_of_space", ("out_of_space", "external"))):
                 units.setdefault(arm["name"], {}).setdefault(group, {}).update(
-                    {(m["seed"], *unit): score for unit, score in unit_table(runs, groups, group).items()})
+                    {(m["seed"], *unit): score for unit, score in unit_table(runs, groups, *names).items()})
         row["control"] = arm.get("control")
         pooled_scores = score_trajectories(pooled, spec["eval"]["k"], groups).to_dict() if pooled else {"per_group": {}}
         for group in ("in_space", "out_of_space", "external"):
@@ -118,24 +119,19 @@ def _mean(values: list[Any]) -> float | None:
     return float(np.mean(present)) if present else None
 
 
-def unit_table(trajectories: list[Any], groups: dict[str, str], group: str) -> dict[tuple[str, str], float]:
-    """Returns (task, harness) -> Pass@1 of that unit (the mean over its runs) for one group;
-    an external agent program counts on the out-of-space side."""
+def unit_table(trajectories: list[Any], groups: dict[str, str], *names: str) -> dict[tuple[str, str], float]:
+    """Returns (task, harness) -> Pass@1 of that unit (the mean over its runs) for the
+    trajectories in the evaluation groups ``names``."""
     units: dict[tuple[str, str], list[bool]] = {}
     for t in trajectories:
-        own = groups.get(t.config, "out_of_space" if t.out_of_space else "in_space")
-        if own == group or (group == "out_of_space" and own == "external"):
+        if groups.get(t.config, "out_of_space" if t.out_of_space else "in_space") in names:
             units.setdefault((t.task_id, t.config), []).append(bool(t.passed))
     return {unit: sum(runs) / len(runs) for unit, runs in units.items()}
 
 
 def unit_scores(trajectories: list[Any], groups: dict[str, str], group: str) -> list[float]:
     """Returns the Pass@1 of each (task, harness) unit of one group (the mean over its runs)."""
-    units: dict[tuple[str, str], list[bool]] = {}
-    for t in trajectories:
-        if groups.get(t.config, "out_of_space" if t.out_of_space else "in_space") == group:
-            units.setdefault((t.task_id, t.config), []).append(bool(t.passed))
-    return [sum(runs) / len(runs) for runs in units.values()]
+    return list(unit_table(trajectories, groups, group).values())
 
 
 def comparison_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:

@@ -46,7 +46,6 @@ def executor_rollouts(run_dir: Path) -> dict[str, Any]:
             **cost}
 
 
-
 def shared_warm_start(spec: ExperimentSpec, seed: int, out: Path, log: Logger = print) -> Path:
     """Trains (or finds) the seed's shared warm start and returns the model folder the arms
     start from; a killed warm start is redone (it has no checkpoint before it ends)."""

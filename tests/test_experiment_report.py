@@ -241,12 +241,21 @@ def test_shared_warm_start_sft_only_control_and_paired_tests(tmp_path, tiny_mode
     spec = load_experiment(write(tmp_path, text))
     out = tmp_path / "out"
     lines = []
+    # one arm of one seed first (--seeds 6 --arms oa): only its warm start and its run
+    first = run_experiment(spec, out, log=lines.append, seeds=[6], arms=["oa"])
+    assert [line.split("]")[0] for line in lines if "training:" in line or "SFT warm start" in line] == [
+        "[warm-start-seed6", "[oa-seed6"]
+    assert [row["arm"] for row in first["arms"]] == ["oa"] and len(first["missing"]) == 5
+    with pytest.raises(ValueError, match="no seed or arm 7, nope"):
+        run_experiment(spec, out, seeds=[7], arms=["nope"])
+    lines.clear()
     result = run_experiment(spec, out, log=lines.append)
     assert result["missing"] == [] and [line for line in lines if "SFT warm start" in line] == [
-        f"[warm-start-seed{s}] SFT warm start: 1 steps on 1 demonstrations under the orthogonal design, shared by "
-        f"every arm of seed {s}" for s in (5, 6)]
+        "[warm-start-seed5] SFT warm start: 1 steps on 1 demonstrations under the orthogonal design, shared by "
+        "every arm of seed 5"]
     order = [line.split("]")[0] for line in lines if "training:" in line]  # seed by seed
-    assert order == [f"[{a}-seed{s}" for s in (5, 6) for a in ("single", "oa", "sft-only")]
+    assert order == [f"[{a}-seed{s}" for s in (5, 6) for a in ("single", "oa", "sft-only") if (a, s) != ("oa", 6)]
+    assert "[oa-seed6] finished earlier: skipped" in lines
     for seed in (5, 6):
         warm = warm_start_model(out, seed)
         assert (warm / "config.json").exists()

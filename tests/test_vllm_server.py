@@ -159,7 +159,11 @@ def trainer_model(vllm_server):
     served_mtime = (vllm_server.model_dir / "model.safetensors").stat().st_mtime
     yield model
     original = transformers.AutoModelForCausalLM.from_pretrained(embedded_model_dir(), dtype="float32")
-    ServedTrainingPolicy(vllm_server.base_url, vllm_server.model).sync_weights(original)
+    restore = ServedTrainingPolicy(vllm_server.base_url, vllm_server.model)  # syncs through a folder of its own
+    restore.sync_weights(original)
+    assert (restore.weights_dir / "model.safetensors").exists()
+    restore.close()
+    assert not restore.weights_dir.exists()  # a model-sized temporary copy, removed on close
     assert (vllm_server.model_dir / "model.safetensors").stat().st_mtime == served_mtime  # never written
 
 

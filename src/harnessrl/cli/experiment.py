@@ -22,6 +22,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("file", help="experiment YAML (see configs/paper_ablation.yaml)")
     p.add_argument("--out", default=None, help="output folder (default: experiments/<name>)")
     p.add_argument("--dry-run", action="store_true", help="validate the file and print the arms and budget; run nothing")
+    p.add_argument("--seeds", default=None, help="run only these seeds of the file, comma-separated (e.g. 1)")
+    p.add_argument("--arms", default=None, help="run only these arms of the file, comma-separated; the table still "
+                   "shows every finished arm of the folder")
     p.set_defaults(func=run_experiment_cli)
 
 
@@ -75,7 +78,16 @@ def run_experiment_cli(args: argparse.Namespace) -> int:
     def log(message: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
-    result = run_experiment(spec, out, log=log, source=args.file)
+    try:
+        seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else None
+    except ValueError:
+        raise SystemExit(f"--seeds: comma-separated integers, not {args.seeds!r}") from None
+    arms = [x.strip() for x in args.arms.split(",") if x.strip()] if args.arms else None
+    unknown = sorted(set(seeds or ()) - set(spec.seeds)) + sorted(set(arms or ()) - {a.name for a in spec.arms})
+    if unknown:
+        raise SystemExit(f"harnessrl experiment: {spec.name} has no seed or arm {', '.join(map(str, unknown))} (seeds "
+                         f"{spec.seeds}; arms {', '.join(a.name for a in spec.arms)})")
+    result = run_experiment(spec, out, log=log, source=args.file, seeds=seeds, arms=arms)
     print()
     print(comparison_markdown(result))
     print(f"report: {out / 'report' / 'index.html'}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +72,14 @@ def shared_warm_start(spec: ExperimentSpec, seed: int, out: Path, log: Logger = 
     return warm_start_model(out, seed)
 
 
-def run_experiment(spec: ExperimentSpec, out_dir: str | Path, log: Logger = print, source: str = "") -> dict[str, Any]:
+def run_experiment(
+    spec: ExperimentSpec, out_dir: str | Path, log: Logger = print, source: str = "",
+    seeds: Sequence[int] | None = None, arms: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """Runs every unfinished (arm, seed), evaluates it, and writes the table and report;
-    returns the comparison."""
+    returns the comparison (of every arm finished in ``out_dir``). ``seeds`` and ``arms``
+    restrict what runs now to those of the file (a second seed on another machine, one new
+    arm); the folder, its budget check and its table stay the whole file's."""
     from harnessrl.design import make_design
     from harnessrl.eval.evaluate import evaluate
     from harnessrl.eval.report import write_run_report
@@ -84,6 +90,10 @@ def run_experiment(spec: ExperimentSpec, out_dir: str | Path, log: Logger = prin
     from harnessrl.tasks.suite import select_tasks
     from harnessrl.trajectory import save_jsonl
 
+    unknown = sorted(set(seeds or ()) - set(spec.seeds)) + sorted(set(arms or ()) - {a.name for a in spec.arms})
+    if unknown:
+        raise ValueError(f"{spec.name} has no seed or arm {', '.join(map(str, unknown))}: its seeds are "
+                         f"{spec.seeds}, its arms {', '.join(a.name for a in spec.arms)}")
     out = Path(out_dir)
     (out / "arms").mkdir(parents=True, exist_ok=True)
     configs = {arm_id(arm, seed): arm_config(spec, arm, seed, out) for arm in spec.arms for seed in spec.seeds}
@@ -104,9 +114,13 @@ def run_experiment(spec: ExperimentSpec, out_dir: str | Path, log: Logger = prin
     })
     # Seeds outer: an interrupted experiment has whole seeds to compare, not whole arms.
     for seed in spec.seeds:
+        if seeds and seed not in seeds:
+            continue
         if spec.warm_start is not None:
             shared_warm_start(spec, seed, out, log)
         for arm in spec.arms:
+            if arms and arm.name not in arms:
+                continue
             run_id = arm_id(arm, seed)
             cfg = configs[run_id]
             run_dir = Path(cfg.run_dir)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -71,6 +72,7 @@ class ServedTrainingPolicy(WeightSyncedPolicy):
         self.tokenizer = self.server.tokenizer
         self.context_length = self.server.context_length
         self.name = f"served:{model}@{self.server.base_url}"
+        self._own_weights_dir = weights_dir is None  # a temporary folder of ours, removed on close
         self.weights_dir = Path(weights_dir) if weights_dir is not None else Path(tempfile.mkdtemp(prefix="harnessrl-sync-"))
         self.weight_version = 0
         self.last_sync_s = 0.0
@@ -179,3 +181,5 @@ class ServedTrainingPolicy(WeightSyncedPolicy):
 
     def close(self) -> None:
         self.server.close()
+        if self._own_weights_dir:  # a model-sized copy of the weights, not to be left in /tmp
+            shutil.rmtree(self.weights_dir, ignore_errors=True)

@@ -1,10 +1,17 @@
-"""Shared pieces of the checkpoint crash tests: a very small real model, its optimizer, and a
+"""Shared pieces of the checkpoint crash tests: a very small real model, its optimizer, a
 child process that saves checkpoints in a loop the way the trainer does (each step saved,
-then saved again with more state, as the final evaluation does) until it is killed."""
+then saved again with more state, as the final evaluation does) until it is killed, and a
+real `harnessrl train` process killed with SIGKILL at a chosen moment of its run."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +93,39 @@ def check_loadable(checkpoint: Path) -> dict[str, Any]:
     optimizer, scheduler = training_objects(model)
     load_training_state(checkpoint, optimizer, scheduler)
     return state
+
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def write_run_config(path: Path, overrides: dict[str, Any]) -> Path:
+    """Writes a `harnessrl train --config` file of the quick preset with ``overrides``."""
+    path.write_text("preset: quick\n" + "".join(f"{k}: {json.dumps(v)}\n" for k, v in overrides.items()))
+    return path
+
+
+def train_command(config_file: Path, run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "harnessrl.cli", "train", "--config", str(config_file), "--run-dir", str(run_dir)]
+
+
+def train_env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(SRC), **extra}
+
+
+def kill_train_when(config_file: Path, run_dir: Path, ready: Callable[[], bool], *, env: dict[str, str] | None = None,
+                    poll_s: float = 0.2, deadline_s: float = 600) -> None:
+    """Starts `harnessrl train` on ``config_file`` into ``run_dir`` and kills it with SIGKILL
+    (no chance to clean up) as soon as ``ready()`` holds; fails if the run ends first."""
+    process = subprocess.Popen(train_command(config_file, run_dir), env=env or train_env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + deadline_s
+        while not ready():
+            assert process.poll() is None, "the run ended before it could be killed"
+            assert time.time() < deadline, f"the moment to kill it did not come within {deadline_s:g} s"
+            time.sleep(poll_s)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()

@@ -12,7 +12,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,14 +22,16 @@ transformers = pytest.importorskip("transformers", reason="transformers is insta
 
 from checkpoint_helpers import (  # noqa: E402
     check_loadable,
+    kill_train_when,
     save_forever,
     save_step,
     small_model,
+    train_command,
+    train_env,
     training_objects,
+    write_run_config,
 )
 from harnessrl.rl.checkpoint import latest_checkpoint, recover_checkpoints  # noqa: E402
-
-SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def stranded(run_dir: Path) -> list[str]:
@@ -177,28 +178,15 @@ def test_train_killed_during_its_final_save_resumes_on_the_same_schedule(tiny_mo
     from test_train_loop import tiny_overrides
 
     run_dir = tmp_path / "killed"
-    config_file = tmp_path / "run.yaml"
-    overrides = tiny_overrides(tiny_model, run_dir, 2)
-    config_file.write_text("preset: quick\n" + "".join(f"{k}: {json.dumps(v)}\n" for k, v in overrides.items()))
-    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "harnessrl.cli", "train", "--config", str(config_file), "--run-dir", str(run_dir)]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    config_file = write_run_config(tmp_path / "run.yaml", tiny_overrides(tiny_model, run_dir, 2))
+    env = train_env(OMP_NUM_THREADS="1")
     root = run_dir / "checkpoints"
-    try:
-        deadline = time.time() + 900
-        # The last step is saved, then saved again after the final evaluation: kill in that re-save.
-        while not ((root / "step-000002").exists() and (root / ".tmp-step-000002").exists()):
-            assert process.poll() is None, "the run ended before its final save could be interrupted"
-            assert time.time() < deadline, "the final save never began"
-            time.sleep(0.002)
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
+    # The last step is saved, then saved again after the final evaluation: kill in that re-save.
+    kill_train_when(config_file, run_dir, lambda: (root / "step-000002").exists() and (root / ".tmp-step-000002").exists(),
+                    env=env, poll_s=0.002, deadline_s=900)
     before = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in before] == [0, 1]
-    resumed = subprocess.run([*command, "--resume"], env=env, capture_output=True, text=True, timeout=900)
+    resumed = subprocess.run([*train_command(config_file, run_dir), "--resume"], env=env, capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     after = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert after == before  # nothing redone, nothing lost: the schedule goes on where it was

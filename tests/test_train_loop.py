@@ -2,24 +2,17 @@
 metrics and checkpoints are written, and a run killed with SIGKILL resumes on the same schedule."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is installed by `make test`")
 transformers = pytest.importorskip("transformers", reason="transformers is installed by `make test`")
 
+from checkpoint_helpers import kill_train_when, write_run_config  # noqa: E402
 from harnessrl.rl.config import load_config  # noqa: E402
 from harnessrl.rl.loop import Trainer, train  # noqa: E402
 from harnessrl.rl.update import UpdateSample, update_step  # noqa: E402
 from harnessrl.trajectory import load_jsonl  # noqa: E402
-
-SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def tiny_overrides(model, run_dir, steps):
@@ -77,25 +70,8 @@ def test_resume_after_sigkill_continues_the_same_schedule(tiny_model, tmp_path):
     reference = [json.loads(line) for line in (reference_dir / "metrics.jsonl").read_text().splitlines()]
 
     killed_dir = tmp_path / "killed"
-    config_file = tmp_path / "run.yaml"
-    overrides = tiny_overrides(tiny_model, killed_dir, steps)
-    config_file.write_text("preset: quick\n" + "".join(f"{k}: {json.dumps(v)}\n" for k, v in overrides.items()))
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "harnessrl.cli", "train", "--config", str(config_file), "--run-dir", str(killed_dir)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.time() + 600
-        while not (killed_dir / "checkpoints" / "step-000001").exists():
-            assert process.poll() is None, "the run ended before it could be killed"
-            assert time.time() < deadline, "no checkpoint appeared"
-            time.sleep(0.2)
-        process.send_signal(signal.SIGKILL)  # mid-run, no chance to clean up
-        process.wait(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
+    config_file = write_run_config(tmp_path / "run.yaml", tiny_overrides(tiny_model, killed_dir, steps))
+    kill_train_when(config_file, killed_dir, (killed_dir / "checkpoints" / "step-000001").exists)  # mid-run
     resumed_cfg = load_config(config_file, overrides={"run_dir": str(killed_dir)})
     train(resumed_cfg, resume=True, log=lambda m: None)
     resumed = [json.loads(line) for line in (killed_dir / "metrics.jsonl").read_text().splitlines()]

@@ -3,18 +3,13 @@ task, so every group is dead): rescue groups replace them, each rescue trajector
 its own sibling, the accounting adds up, and a resumed run routes exactly as an uninterrupted one."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is installed by `make test`")
 pytest.importorskip("transformers", reason="transformers is installed by `make test`")
 
+from checkpoint_helpers import kill_train_when, write_run_config  # noqa: E402
 from harnessrl.harness.base import SPAN_SYSTEM, SPAN_TASK, Message, PromptContext  # noqa: E402
 from harnessrl.harness.harness import Harness, HarnessLimits  # noqa: E402
 from harnessrl.harness.registry import default_space  # noqa: E402
@@ -23,7 +18,6 @@ from harnessrl.rl.loop import train  # noqa: E402
 from harnessrl.tasks.suite import load_suite  # noqa: E402
 from harnessrl.trajectory import load_jsonl  # noqa: E402
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 H0 = "S0-T0-O0-C0-W0"
 
 
@@ -96,24 +90,8 @@ def test_resume_after_sigkill_routes_exactly_as_an_uninterrupted_run(tiny_model,
     reference = [json.loads(line) for line in (reference_dir / "metrics.jsonl").read_text().splitlines()]
 
     killed_dir = tmp_path / "killed"
-    config_file = tmp_path / "run.yaml"
-    overrides = rescue_overrides(tiny_model, killed_dir, steps)
-    config_file.write_text("preset: quick\n" + "".join(f"{k}: {json.dumps(v)}\n" for k, v in overrides.items()))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "harnessrl.cli", "train", "--config", str(config_file), "--run-dir", str(killed_dir)],
-        env={**os.environ, "PYTHONPATH": str(SRC)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.time() + 600
-        while not (killed_dir / "checkpoints" / "step-000002").exists():
-            assert process.poll() is None, "the run ended before it could be killed"
-            assert time.time() < deadline, "no checkpoint appeared"
-            time.sleep(0.2)
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
+    config_file = write_run_config(tmp_path / "run.yaml", rescue_overrides(tiny_model, killed_dir, steps))
+    kill_train_when(config_file, killed_dir, (killed_dir / "checkpoints" / "step-000002").exists)
     train(load_config(config_file, overrides={"run_dir": str(killed_dir)}), resume=True, log=lambda m: None)
     resumed = [json.loads(line) for line in (killed_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in resumed] == list(range(steps))

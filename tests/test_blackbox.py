@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch", reason="torch is installed by `make test`")
 transformers = pytest.importorskip("transformers", reason="transformers is installed by `make test`")
 
 from harnessrl.policy.base import Policy  # noqa: E402
-from harnessrl.rl.blackbox import TrainingSampling, trajectory_summary  # noqa: E402
+from harnessrl.rl.blackbox import trajectory_summary  # noqa: E402
 from harnessrl.rl.config import load_config  # noqa: E402
 from harnessrl.trajectory import SPAN_POLICY, load_jsonl  # noqa: E402
 from serve_helpers import running  # noqa: E402
@@ -83,8 +83,9 @@ def test_recorded_conversation_trains_exactly_the_sampled_ids_even_when_the_agen
     assert rewritten.spans.count(SPAN_POLICY) > sum(rewritten.loss_mask) == len(main[2].token_ids)
 
 
-def test_training_sampling_serves_the_same_policy_object_with_training_sampling():
+def test_forced_sampling_serves_the_same_policy_object_with_training_sampling():
     from harnessrl.policy.base import GenerationRequest, SamplingParams
+    from harnessrl.policy.forced import ForcedSampling
     from harnessrl.policy.scripted import CallbackPolicy
 
     seen = []
@@ -95,7 +96,7 @@ def test_training_sampling_serves_the_same_policy_object_with_training_sampling(
             return super().generate(requests)
 
     inner = Spy(lambda context: "ok")
-    served = TrainingSampling(inner, SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=64))
+    served = ForcedSampling(inner, temperature=0.7, top_p=0.9, max_new_tokens=64)
     served.generate([GenerationRequest([1], SamplingParams(temperature=0.0, max_new_tokens=32_000, seed=5))])
     assert served.policy is inner and served.tokenizer is inner.tokenizer
     assert (seen[0].temperature, seen[0].top_p, seen[0].max_new_tokens, seen[0].seed) == (0.7, 0.9, 64, 5)

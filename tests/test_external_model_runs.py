@@ -1,7 +1,7 @@
 """External runs with a real (tiny) transformers model behind the server: a run cut by its
 time limit ends cleanly with what was recorded kept and is reported as it ends; a prompt over
-the model's context is reported as what it is; the evaluation's limits reach ``ext:``
-targets."""
+the model's context is reported as what it is; the evaluation's limits and temperature reach
+``ext:`` targets."""
 
 from __future__ import annotations
 
@@ -88,9 +88,19 @@ def test_eval_limits_reach_ext_targets(mini_swe_agent, task, tiny_model):
     from harnessrl.eval.evaluate import evaluate
     from harnessrl.harness.harness import HarnessLimits
 
-    policy = HFPolicy(tiny_model, device="cpu")
-    result = evaluate(policy, ["ext:mini-swe-agent"], [task], limits=HarnessLimits(max_turns=2), max_new_tokens=8)
+    class Seen(HFPolicy):
+        params = []
+
+        def generate_stream(self, requests, on_tokens):  # what the server's batcher calls
+            self.params += [r.params for r in requests]
+            return super().generate_stream(requests, on_tokens)
+
+    policy = Seen(tiny_model, device="cpu")
+    result = evaluate(policy, ["ext:mini-swe-agent"], [task], limits=HarnessLimits(max_turns=2), max_new_tokens=8,
+                      temperature=0.7)
     [trajectory] = result.trajectories
     assert trajectory.config == "ext:mini-swe-agent" and trajectory.turns
     assert all(0 < len(turn.completion_ids) <= 8 for turn in trajectory.turns)  # --max-new-tokens
     assert len(trajectory.turns) <= 2  # --max-turns: the agent's own step limit
+    # --temperature: every request the agent made sampled at the evaluation's, whatever it asked
+    assert policy.params and {(p.temperature, p.top_p) for p in policy.params} == {(0.7, 1.0)}

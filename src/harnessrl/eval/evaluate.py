@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from harnessrl.design import Design
@@ -149,12 +149,15 @@ def evaluate(
 
         # The evaluation's own limits hold for the agents too: its output limit per request
         # (sized for model tokens: scripted policies, which write whole commands byte by byte,
-        # keep the server's default) and its turn limit as the agent's step limit.
+        # keep the server's default), its turn limit as the agent's step limit, and its
+        # temperature for every request the agent makes.
         bytewise = isinstance(getattr(policy, "tokenizer", None), ByteTokenizer)
         given = {"max_steps": limits.max_turns if limits is not None else None, "time_limit_s": agent_time_limit_s}
-        default = ExternalConfig(backend=backend, max_tokens=None if bytewise else max_new_tokens,
-                                 **{name: value for name, value in given.items() if value})
-        trajectories += evaluate_external_targets(external_names, policy, tasks, k=k, config=external or default,
+        config = external or ExternalConfig(backend=backend, max_tokens=None if bytewise else max_new_tokens,
+                                            **{name: value for name, value in given.items() if value})
+        if config.temperature is None:
+            config = replace(config, temperature=temperature)
+        trajectories += evaluate_external_targets(external_names, policy, tasks, k=k, config=config,
                                                   on_trajectory=on_external)
     groups = {t.name: t.group or ("external" if t.name in external_names else "") for t in targets}
     groups = {name: group for name, group in groups.items() if group}

@@ -55,6 +55,7 @@ from harnessrl.external.agents import (
 from harnessrl.external.gold_replay import session_name
 from harnessrl.external.install import require_installed
 from harnessrl.policy.base import Policy
+from harnessrl.policy.forced import ForcedSampling
 from harnessrl.sandbox import (
     WORKSPACE_MOUNT,
     ExecResult,
@@ -90,6 +91,9 @@ class ExternalConfig:
             none); None: 65,536 for policies that write bytewise (scripted ones write whole
             gold commands), 4,096 for a model on a GPU, else 1,024 (a CPU samples a few
             tokens a second: 4,096 would hold one request for many minutes).
+        temperature: when set, every request of the agent samples at this temperature
+            (top-p 1), whatever it asked for: an evaluation's own sampling (`ForcedSampling`);
+            None: the agent's.
     """
 
     model: str = "harnessrl"
@@ -100,6 +104,7 @@ class ExternalConfig:
     backend: str = "auto"
     log_dir: str | None = None
     max_tokens: int | None = None
+    temperature: float | None = None
 
     def __post_init__(self) -> None:
         if not self.model or any(c.isspace() for c in self.model):
@@ -432,6 +437,8 @@ def evaluate_external_targets(names: Sequence[str], policy: Policy, tasks: Seque
     if _harnesses:
         raise ValueError(f"not external targets (ext:<name>): {', '.join(_harnesses)}")
     served = policy_for_external(policy, tasks) if agents else policy
+    if config is not None and config.temperature is not None:
+        served = ForcedSampling(served, temperature=config.temperature)
     trajectories: list[Trajectory] = []
     for name in agents:
         trajectories += evaluate_external(name, served, tasks, k=k, config=config, on_trajectory=on_trajectory)

@@ -12,7 +12,7 @@ opencode, mini-swe-agent), the setting of the Harness Scaling paper's black-box 
     trajectory = the recorded main thread of the run (its exact prompt ids, sampled ids, log-probs)
 
 The server is `harnessrl serve` in this process over the trainer's own rollout policy object,
-behind `TrainingSampling`; the trainer's ``sync_weights`` after each optimizer step updates
+behind `ForcedSampling`; the trainer's ``sync_weights`` after each optimizer step updates
 that very object, so the next step's agent runs sample from the updated weights without any
 copy or reload (and its prefix KV cache is dropped with it). A run stopped at its time limit
 may leave a request generating; the sync takes the policy's generation lock, so it waits for
@@ -28,9 +28,10 @@ run's advantage would train text that had no part in the outcome. A summary the 
 back into its context becomes part of later main-thread prompts, where it is a prompt token
 and never trained either.
 
-Sampling. The agent names its own temperature and output limit (or none); `TrainingSampling`
-replaces them with the training ones (``temperature``, ``top_p``, ``max_new_tokens``), so the
-recorded log-probabilities are those the update's importance ratio assumes.
+Sampling. The agent names its own temperature and output limit (or none); `ForcedSampling`
+(``policy/forced.py``) replaces them with the training ones (``temperature``, ``top_p``,
+``max_new_tokens``), so the recorded log-probabilities are those the update's importance
+ratio assumes.
 
 Cost. An agent run costs more than an in-space episode (a long system prompt, tool schemas,
 its own retries). `rollout_cost` counts every run's prompt and sampled tokens (side requests
@@ -43,14 +44,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from harnessrl.external.agents import get_agent
 from harnessrl.external.gold_replay import GoldReplayPolicy, session_name
 from harnessrl.external.install import require_installed
 from harnessrl.external.run import AgentServer, ExternalConfig, run_task
-from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams, TokenSink
+from harnessrl.policy.base import Policy, SamplingParams
+from harnessrl.policy.forced import ForcedSampling
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import Trajectory
 
@@ -66,40 +68,6 @@ def rollout_agent(rollout_through: str) -> str | None:
     if not rollout_through.startswith(AGENT_PREFIX):
         raise ValueError(f"rollout_through must be 'harness' or 'ext:<agent>', got {rollout_through!r}")
     return get_agent(rollout_through[len(AGENT_PREFIX):]).name
-
-
-class TrainingSampling(Policy):
-    """``policy`` (the very object, not a copy) with every request's temperature and top-p
-    set to the training ones and its output limit capped at ``sampling.max_new_tokens``."""
-
-    def __init__(self, policy: Policy, sampling: SamplingParams) -> None:
-        self.policy = policy
-        self.sampling = sampling
-        self.name = getattr(policy, "name", "policy")
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.policy.tokenizer
-
-    @property
-    def context_length(self) -> int | None:
-        return getattr(self.policy, "context_length", None)
-
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        return self.policy.generate(self._forced(requests))
-
-    def generate_stream(self, requests: Sequence[GenerationRequest], on_tokens: TokenSink) -> list[Generation]:
-        # The server samples through here: its batcher ends a generation early, at its next
-        # token, when it closes.
-        return self.policy.generate_stream(self._forced(requests), on_tokens)
-
-    def _forced(self, requests: Sequence[GenerationRequest]) -> list[GenerationRequest]:
-        return [
-            replace(request, params=replace(
-                request.params, temperature=self.sampling.temperature, top_p=self.sampling.top_p,
-                max_new_tokens=min(request.params.max_new_tokens, self.sampling.max_new_tokens)))
-            for request in requests
-        ]
 
 
 @dataclass
@@ -139,7 +107,8 @@ class AgentRollouts:
         # Gold replay (black-box SFT's oracle) speaks the model's tokenizer, so its ids are
         # the ids the model would have to sample.
         self.served: Policy = (GoldReplayPolicy(gold_tasks, tokenizer=policy.tokenizer) if gold_tasks is not None
-                               else TrainingSampling(policy, sampling))
+                               else ForcedSampling(policy, sampling.temperature, sampling.top_p,
+                                              sampling.max_new_tokens))
         self.config = ExternalConfig(max_steps=max_steps, time_limit_s=time_limit_s,
                                      backend="auto" if backend == "none" else backend,
                                      max_tokens=None if gold_tasks is not None else sampling.max_new_tokens)

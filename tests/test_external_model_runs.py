@@ -88,11 +88,11 @@ def test_eval_limits_reach_ext_targets(mini_swe_agent, task, tiny_model):
     from harnessrl.eval.evaluate import evaluate
     from harnessrl.harness.harness import HarnessLimits
 
-    class Seen(HFPolicy):
-        params = []
+    seen = []
 
+    class Seen(HFPolicy):
         def generate_stream(self, requests, on_tokens):  # what the server's batcher calls
-            self.params += [r.params for r in requests]
+            seen.extend(r.params for r in requests)
             return super().generate_stream(requests, on_tokens)
 
     policy = Seen(tiny_model, device="cpu")
@@ -103,4 +103,4 @@ def test_eval_limits_reach_ext_targets(mini_swe_agent, task, tiny_model):
     assert all(0 < len(turn.completion_ids) <= 8 for turn in trajectory.turns)  # --max-new-tokens
     assert len(trajectory.turns) <= 2  # --max-turns: the agent's own step limit
     # --temperature: every request the agent made sampled at the evaluation's, whatever it asked
-    assert policy.params and {(p.temperature, p.top_p) for p in policy.params} == {(0.7, 1.0)}
+    assert seen and {(p.temperature, p.top_p) for p in seen} == {(0.7, 1.0)}

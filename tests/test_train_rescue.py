@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch", reason="torch is installed by `make test`")
 pytest.importorskip("transformers", reason="transformers is installed by `make test`")
 
 from checkpoint_helpers import kill_train_when, write_run_config  # noqa: E402
+from harnessrl.experiment import executor_rollouts  # noqa: E402
 from harnessrl.harness.base import SPAN_SYSTEM, SPAN_TASK, Message, PromptContext  # noqa: E402
 from harnessrl.harness.harness import Harness, HarnessLimits  # noqa: E402
 from harnessrl.harness.registry import default_space  # noqa: E402
@@ -66,6 +67,13 @@ def test_dead_groups_are_replaced_by_rescue_groups_rendered_by_their_siblings(ti
         assert trajectory.turns[0].prompt_ids[: len(expected)] == expected
     state = json.loads(sorted((run_dir / "checkpoints").glob("step-*/trainer_state.json"))[-1].read_text())
     assert state["rescue"]["last_anchor"] == 2 and state["final_anchor_step"] == 2
+    # what an experiment counts as spent: the first pass in full, though rescue replaced it
+    spent = executor_rollouts(run_dir)
+    assert (spent["first_pass"], spent["rescue"], spent["vs_grpo"]) == (2 * 4, 2 * 6, pytest.approx(20 / 8))
+    for record in records:  # the same from records of before base_rollouts was logged
+        del record["rescue/base_rollouts"]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert executor_rollouts(run_dir)["first_pass"] == 2 * 4
 
 
 @pytest.mark.parametrize("mode", ["h0", "mixture"])

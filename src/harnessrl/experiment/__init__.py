@@ -43,10 +43,11 @@ from harnessrl.experiment.compare import (
     compare,
     comparison_markdown,
     comparison_rows,
+    executor_rollouts,
     unit_scores,
     write_experiment_report,
 )
-from harnessrl.experiment.run import executor_rollouts, run_experiment, shared_warm_start
+from harnessrl.experiment.run import run_experiment, shared_warm_start
 from harnessrl.experiment.spec import (
     ARM_FIELDS,
     BUDGET_FIELDS,

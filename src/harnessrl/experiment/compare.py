@@ -23,6 +23,39 @@ def _finished(out: Path, spec: dict[str, Any]) -> dict[str, list[dict[str, Any]]
     return by_arm
 
 
+def _first_pass(record: dict[str, Any]) -> int:
+    """Returns a step's first-pass rollouts (G per group) from its metrics record."""
+    if "rescue/base_rollouts" in record:
+        return int(record["rescue/base_rollouts"])
+    vs, rescue = record.get("rescue/executor_rollouts_vs_grpo"), int(record.get("rescue/rescue_rollouts", 0))
+    if rescue and vs and vs > 1:  # records written before base_rollouts was logged
+        return round(rescue / (vs - 1))
+    return int(record.get("episodes", 0))
+
+
+def executor_rollouts(run_dir: Path) -> dict[str, Any]:
+    """Returns the executor rollouts an arm spent, from its metrics: training (first pass and
+    rescue) and paired validation, and the training rollouts relative to plain GRPO's first pass."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+               if line.strip()] if (run_dir / "metrics.jsonl").exists() else []
+    rescue = sum(int(r.get("rescue/rescue_rollouts", 0)) for r in records)
+    # A step's ``episodes`` are the trained ones: a rescued group's first-pass rollouts were
+    # replaced by its rescue rollouts, so the first pass is counted where rescue ran.
+    first = sum(_first_pass(r) for r in records)
+    validation = sum(int(r.get("rescue_anchor", {}).get("episodes", 0)) for r in records)
+    state = run_dir / "checkpoints"
+    finals = sorted(state.glob("step-*/trainer_state.json")) if state.exists() else []
+    if finals:
+        validation += int(json.loads(finals[-1].read_text(encoding="utf-8")).get("final_anchor", {}).get("episodes", 0))
+    cost = {key: sum(float(r.get(key, 0)) for r in records) for key in COST_FIELDS}
+    ratios = {key: float(np.mean([r[key] for r in records if key in r])) if any(key in r for r in records) else None
+              for key in ("valid_group_ratio", "effective_token_ratio", "rescue/rescue_success_rate",
+                          "rescue/rescue_trigger_rate")}
+    return {"first_pass": first, "rescue": rescue, "validation": validation,
+            "vs_grpo": (first + rescue) / first if first else None, **{k.split("/")[-1]: v for k, v in ratios.items()},
+            **cost}
+
+
 def compare(out_dir: str | Path) -> dict[str, Any]:
     """Returns the comparison of the finished arms of an experiment folder: per arm, Pass@1
     in-space / out-of-space / overall (mean over seeds, pooled 95% interval) and the gain
@@ -48,7 +81,8 @@ def compare(out_dir: str | Path) -> dict[str, Any]:
                                "rescue": markers[0]["config"].get("rescue", "none"),
                                "router": markers[0]["config"].get("router"),
                                "seeds": [m["seed"] for m in markers]}
-        spent = [m.get("rollouts") or {} for m in markers]
+        # recounted from each run's metrics, so a folder written by an older count is read right
+        spent = [executor_rollouts(out / "arms" / f"{arm['name']}-seed{m['seed']}") for m in markers]
         row["rollouts"] = {key: _mean([s.get(key) for s in spent]) for key in
                            ("first_pass", "rescue", "validation", "vs_grpo", "valid_group_ratio",
                             "effective_token_ratio", "rescue_success_rate", "rescue_trigger_rate", *COST_FIELDS)}

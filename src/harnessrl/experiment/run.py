@@ -9,11 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from harnessrl.experiment.compare import compare, write_experiment_report
+from harnessrl.experiment.compare import compare, executor_rollouts, write_experiment_report
 from harnessrl.experiment.spec import (
-    COST_FIELDS,
     MARKER,
     ExperimentSpec,
     Logger,
@@ -24,27 +21,6 @@ from harnessrl.experiment.spec import (
     warm_start_model,
     write_json_atomic,
 )
-
-
-def executor_rollouts(run_dir: Path) -> dict[str, Any]:
-    """Returns the executor rollouts an arm spent, from its metrics: training (first pass and
-    rescue) and paired validation, and the training rollouts relative to plain GRPO's first pass."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-               if line.strip()] if (run_dir / "metrics.jsonl").exists() else []
-    rescue = sum(int(r.get("rescue/rescue_rollouts", 0)) for r in records)
-    first = sum(int(r.get("episodes", 0)) for r in records) - rescue
-    validation = sum(int(r.get("rescue_anchor", {}).get("episodes", 0)) for r in records)
-    state = run_dir / "checkpoints"
-    finals = sorted(state.glob("step-*/trainer_state.json")) if state.exists() else []
-    if finals:
-        validation += int(json.loads(finals[-1].read_text(encoding="utf-8")).get("final_anchor", {}).get("episodes", 0))
-    cost = {key: sum(float(r.get(key, 0)) for r in records) for key in COST_FIELDS}
-    ratios = {key: float(np.mean([r[key] for r in records if key in r])) if any(key in r for r in records) else None
-              for key in ("valid_group_ratio", "effective_token_ratio", "rescue/rescue_success_rate",
-                          "rescue/rescue_trigger_rate")}
-    return {"first_pass": first, "rescue": rescue, "validation": validation,
-            "vs_grpo": (first + rescue) / first if first else None, **{k.split("/")[-1]: v for k, v in ratios.items()},
-            **cost}
 
 
 def shared_warm_start(spec: ExperimentSpec, seed: int, out: Path, log: Logger = print) -> Path:

@@ -69,6 +69,7 @@ class RescueStats:
             "rescue_trigger_rate": self.dead / self.groups if self.groups else 0.0,
             "rescue_success_rate": self.rescued / self.dead if self.dead else 0.0,
             "rescue_dead_groups": self.rescue_dead,
+            "base_rollouts": self.base_rollouts,
             "rescue_rollouts": self.rescue_rollouts,
             "executor_rollouts_vs_grpo": (
                 (self.base_rollouts + self.rescue_rollouts) / self.base_rollouts if self.base_rollouts else 0.0

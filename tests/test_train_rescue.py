@@ -121,3 +121,27 @@ def test_a_sibling_pool_of_the_groups_harness_is_a_rescue_source(tiny_model, tmp
     assert sum(chosen.values()) == 6 and all(name.startswith(f"{pool_dir}#") for name in chosen)
     harnesses = {t.harness for t in load_jsonl(run_dir / "rollouts" / "step-000000.jsonl")}
     assert harnesses == set(chosen) and not any(name.endswith("#H0") for name in harnesses)
+
+
+def test_profile_routed_training_counts_each_steps_votes_and_the_garbage_ones(tiny_model, tmp_path):
+    from serve_helpers import Scripted, running
+
+    def answer(context):  # profiles: garbage (dropped); votes: a ranking on even calls, garbage on odd ones
+        prompt = context.messages[-1]["content"]
+        if "Rank the candidate harnesses" not in prompt:
+            return "no profile here"
+        answer.votes += 1
+        return json.dumps({"ranking": ["S1-T0-O0-C0-W0", "S0-T2-O0-C0-W0"]}) if answer.votes % 2 else "garbage"
+
+    answer.votes = 0
+    run_dir = tmp_path / "run"
+    with running(Scripted(answer)) as (server, _, _):
+        cfg = load_config(preset="quick", overrides=rescue_overrides(
+            tiny_model, run_dir, 2, router="profile", profile_voters=[f"voter@{server.base_url}"]))
+        train(cfg, log=lambda m: None)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for record in records:  # a random tiny model fails every task: both groups dead, one vote each
+        assert record["rescue/router_votes"] == 2 and record["rescue/router_malformed_votes"] == 1
+        assert record["rescue/sibling_selections"].get("S1-T0-O0-C0-W0", 0) >= 1  # the well-formed vote's first
+    assert records[0]["rescue_anchor"]["profiles_dropped"] == 10
+    assert answer.votes == 4

@@ -168,9 +168,13 @@ class Rescue:
         dead = [info for info in infos if info.group in dead_keys]
         stats.dead = len(dead)
         mode = self.cfg.rescue if self.cfg.rescue in ("siblings", "h0") else "none"
+        votes, malformed = getattr(self.router, "votes", 0), getattr(self.router, "malformed_votes", 0)
         runs = plan_rescue(mode, dead, self.cfg.rescue_k, self.router, self.siblings_of, seed=self.cfg.seed + step)
+        voted = {}
+        if hasattr(self.router, "votes"):  # profile routing: this step's votes, and how many were garbage
+            voted = {"router_votes": self.router.votes - votes, "router_malformed_votes": self.router.malformed_votes - malformed}
         if not runs:
-            return trajectories, groups, stats.metrics()
+            return trajectories, groups, {**stats.metrics(), **voted}
         jobs = [
             RolloutJob(task_of(info.task.task_id), self.harness_of(run.harness),
                        seed=self.seed_of(step, len(trajectories) + i), tags={"group": run.group, "rescue": run.harness})
@@ -178,7 +182,7 @@ class Rescue:
         ]
         rescued = run_jobs(jobs)
         new_trajectories, new_groups = apply_rescue(trajectories, groups, runs, rescued, stats)
-        return new_trajectories, new_groups, stats.metrics()
+        return new_trajectories, new_groups, {**stats.metrics(), **voted}
 
     # -- checkpointing -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Evaluation: pass@k against brute force, bootstrap coverage, evaluation sets, behaviour
 metrics on hand-built and real episodes, per-factor analysis, and `harnessrl eval`."""
 
+import dataclasses
 import itertools
 import json
 import sys
@@ -287,12 +288,16 @@ def test_evaluate_hands_ext_targets_to_the_external_agents_runner(monkeypatch):
     package.external_agent_names = lambda: ["mini"]
     run = types.ModuleType("harnessrl.external.run")
 
-    class ExternalConfig:
-        def __init__(self, backend="auto", **limits):  # limits: what eval passes through (max_tokens, ...)
-            self.backend, self.limits = backend, limits
+    @dataclasses.dataclass
+    class ExternalConfig:  # the fields eval sets
+        backend: str = "auto"
+        max_steps: int | None = None
+        time_limit_s: float | None = None
+        max_tokens: int | None = None
+        temperature: float | None = None
 
     def evaluate_external_targets(names, policy, tasks, k=1, config=None, on_trajectory=None):
-        calls.append((list(names), len(tasks), k, config.backend))
+        calls.append((list(names), len(tasks), k, config.backend, config.temperature))
         return [Trajectory(task_id=t.id, config=name, harness=name, passed=True, out_of_space=True, seed=r)
                 for name in names for t in tasks for r in range(k)]
 
@@ -302,6 +307,6 @@ def test_evaluate_hands_ext_targets_to_the_external_agents_runner(monkeypatch):
     targets = resolve_eval_set("ext:mini,S0-T0-O0-C0-W0", DESIGN)
     tasks = list(load_suite("workspace").tasks("test", limit=1, seed=0))
     result = evaluate(OraclePolicy(), targets, tasks, k=2, limits=ORACLE_LIMITS, backend="auto", design=DESIGN)
-    assert calls == [(["ext:mini"], 1, 2, "auto")]
+    assert calls == [(["ext:mini"], 1, 2, "auto", 0.0)]  # the evaluation's temperature reaches the agents
     assert result.per_config["ext:mini"]["group"] == "external" and result.per_group["external"]["pass_at_k"] == 1.0
     assert result.per_group["train"]["episodes"] == 2  # the in-space target still ran through our engine

@@ -168,11 +168,11 @@ class Rescue:
         dead = [info for info in infos if info.group in dead_keys]
         stats.dead = len(dead)
         mode = self.cfg.rescue if self.cfg.rescue in ("siblings", "h0") else "none"
-        votes, malformed = getattr(self.router, "votes", 0), getattr(self.router, "malformed_votes", 0)
+        counts_votes = hasattr(self.router, "votes")  # profile routing: this step's votes, and the garbage ones
+        votes, malformed = (self.router.votes, self.router.malformed_votes) if counts_votes else (0, 0)
         runs = plan_rescue(mode, dead, self.cfg.rescue_k, self.router, self.siblings_of, seed=self.cfg.seed + step)
-        voted = {}
-        if hasattr(self.router, "votes"):  # profile routing: this step's votes, and how many were garbage
-            voted = {"router_votes": self.router.votes - votes, "router_malformed_votes": self.router.malformed_votes - malformed}
+        voted = ({"router_votes": self.router.votes - votes, "router_malformed_votes": self.router.malformed_votes - malformed}
+                 if counts_votes else {})
         if not runs:
             return trajectories, groups, {**stats.metrics(), **voted}
         jobs = [

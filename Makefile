@@ -80,10 +80,11 @@ run: setup
 	$(VENV)/bin/harnessrl train
 
 # The papers' directions at CPU scale (configs/cpu_ablation.yaml; results in docs/results.md).
+# The two seeds run side by side, one per core (--jobs 2; logs in experiments/cpu-ablation/logs/).
 # Resumable: re-running skips finished arms. MALLOC_ARENA_MAX bounds glibc's per-thread arenas,
 # which otherwise grow a long training process by several GB.
 experiment-cpu: setup
-	MALLOC_ARENA_MAX=2 $(VENV)/bin/harnessrl experiment configs/cpu_ablation.yaml --out experiments/cpu-ablation
+	MALLOC_ARENA_MAX=2 $(VENV)/bin/harnessrl experiment configs/cpu_ablation.yaml --out experiments/cpu-ablation --jobs 2
 
 # pytest exits 5 when it collects nothing: that is a broken suite, not a pass.
 test: setup vllm-env

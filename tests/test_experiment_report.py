@@ -281,6 +281,7 @@ def test_shared_warm_start_sft_only_control_and_paired_tests(tmp_path, tiny_mode
     table = (out / "comparison.md").read_text()
     assert "Paired against single" in table and "| sft-only | SFT-only control |" in table
     assert "shared SFT warm start per seed (1 steps on 1 demonstrations under the orthogonal design)" in table
+    assert "model each seed's warm start (warm-start/seed<S>/)" in table and "seed5/checkpoints" not in table
     # a second run finds the warm starts and every arm done
     lines.clear()
     run_experiment(spec, out, log=lines.append)
@@ -333,3 +334,35 @@ def config_codes(config):
     from harnessrl.harness.registry import default_space
 
     return make_design(default_space(), config["design"], seed=config["seed"]).codes
+
+
+def test_jobs_split_seeds_over_workers_and_a_failed_worker_keeps_the_rest(tmp_path, tiny_model, capsys):
+    """`--jobs 2` runs each seed in its own worker process (one log each, the cores shared out),
+    writes one table of both; a worker that fails names its log, the other's arms are kept, and
+    a re-run resumes only what is missing."""
+    from harnessrl.cli import main
+
+    path = write(tmp_path, tiny_experiment(tmp_path, tiny_model).read_text().replace("seeds: [5]", "seeds: [5, 6]"))
+    out = tmp_path / "out"
+    # a file where seed 6's oa run folder goes: that worker fails on its second arm
+    bad = out / "arms" / "oa-seed6"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("not a folder")
+    assert main(["experiment", str(path), "--out", str(out), "--jobs", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "worker seed-6 exited with 1" in err and str(out / "logs" / "seed-6.log") in err
+    assert "FileExistsError" in err  # the worker's own last line
+    seed5 = (out / "logs" / "seed-5.log").read_text()
+    seed6 = (out / "logs" / "seed-6.log").read_text()
+    assert "[single-seed5] training" in seed5 and "[oa-seed5] training" in seed5 and "seed6" not in seed5
+    assert "[single-seed6] training" in seed6 and "seed5" not in seed6
+    table = json.loads((out / "comparison.json").read_text())
+    assert table["missing"] == ["oa-seed6"]  # the table of what finished is written anyway
+    bad.unlink()
+    assert main(["experiment", str(path), "--out", str(out), "--jobs", "2"]) == 0
+    assert "[single-seed5] finished earlier: skipped" in (out / "logs" / "seed-5.log").read_text()
+    assert "[oa-seed6] training" in (out / "logs" / "seed-6.log").read_text()
+    table = json.loads((out / "comparison.json").read_text())
+    assert table["missing"] == [] and {row["arm"]: row["seeds"] for row in table["arms"]} == {"single": [5, 6], "oa": [5, 6]}
+    with pytest.raises(SystemExit, match="--jobs: at least 1"):
+        main(["experiment", str(path), "--out", str(out), "--jobs", "0"])

@@ -25,6 +25,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seeds", default=None, help="run only these seeds of the file, comma-separated (e.g. 1)")
     p.add_argument("--arms", default=None, help="run only these arms of the file, comma-separated; the table still "
                    "shows every finished arm of the folder")
+    p.add_argument("--jobs", type=int, default=1, help="run the seeds in this many worker processes at once, each "
+                   "with its share of the cores (logs in OUT/logs/); the table is written once they end")
+    p.add_argument("--no-table", action="store_true", help="run the arms only; write no table or report (what each "
+                   "--jobs worker runs)")
     p.set_defaults(func=run_experiment_cli)
 
 
@@ -41,6 +45,7 @@ def run_experiment_cli(args: argparse.Namespace) -> int:
         executor_rollouts_bound,
         load_experiment,
         run_experiment,
+        run_experiment_jobs,
         warm_start_config,
     )
     from harnessrl.harness.registry import default_space
@@ -87,7 +92,21 @@ def run_experiment_cli(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"harnessrl experiment: {spec.name} has no seed or arm {', '.join(map(str, unknown))} (seeds "
                          f"{spec.seeds}; arms {', '.join(a.name for a in spec.arms)})")
-    result = run_experiment(spec, out, log=log, source=args.file, seeds=seeds, arms=arms)
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs: at least 1, not {args.jobs}")
+    if args.jobs > 1 and args.no_table:
+        raise SystemExit("--jobs and --no-table: the workers of --jobs run with --no-table; give one of them")
+    if args.jobs > 1:
+        try:
+            result = run_experiment_jobs(spec, args.file, out, args.jobs, log=log, seeds=seeds, arms=arms)
+        except RuntimeError as exc:  # a worker failed; the table of what finished is written
+            print(f"harnessrl experiment: {exc}", file=sys.stderr)
+            return 1
+    else:
+        result = run_experiment(spec, out, log=log, source=args.file, seeds=seeds, arms=arms, table=not args.no_table)
+    if result is None:
+        print(f"arms run; the table: harnessrl experiment {args.file} --out {out} (finished arms are skipped)")
+        return 0
     print()
     print(comparison_markdown(result))
     print(f"report: {out / 'report' / 'index.html'}")

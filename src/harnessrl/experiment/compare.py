@@ -240,9 +240,10 @@ def budget_line(result: dict[str, Any]) -> str:
              f"demonstrations under the {warm['design']} design), then" if warm else
              f"SFT warm start {b['sft_warm_start_steps']} steps on {b['sft_tasks']} demonstrations, then")
     tokens = f" (at most {b['sampled_tokens_at_most']} sampled tokens in the first pass)" if "sampled_tokens_at_most" in b else ""
+    model = "each seed's warm start (warm-start/seed<S>/)" if warm else b["model"]
     return (f"Budget per arm: {start} {b['steps']} {b['algorithm'].upper()} steps x {b['tasks_per_step']} tasks x "
             f"{b['group_size']} rollouts{tokens}, at most {b['max_turns']} turns of {b['max_new_tokens']} tokens; model "
-            f"{b['model']}; seeds {result['seeds']}. Evaluation: {result['eval']['configs']} ({result['eval']['held_out']} "
+            f"{model}; seeds {result['seeds']}. Evaluation: {result['eval']['configs']} ({result['eval']['held_out']} "
             f"held-out), {result['eval']['tasks']} tasks per harness, k={result['eval']['k']}, temperature "
             f"{result['eval']['temperature']}.")
 

@@ -1,9 +1,14 @@
 """Running an experiment: each seed's shared warm start, then every unfinished (arm, seed)
-trained and evaluated under the shared protocol, with an atomic marker per finished run."""
+trained and evaluated under the shared protocol, with an atomic marker per finished run; or
+the seeds split over worker processes that share the machine's cores."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,12 +55,13 @@ def shared_warm_start(spec: ExperimentSpec, seed: int, out: Path, log: Logger = 
 
 def run_experiment(
     spec: ExperimentSpec, out_dir: str | Path, log: Logger = print, source: str = "",
-    seeds: Sequence[int] | None = None, arms: Sequence[str] | None = None,
-) -> dict[str, Any]:
+    seeds: Sequence[int] | None = None, arms: Sequence[str] | None = None, table: bool = True,
+) -> dict[str, Any] | None:
     """Runs every unfinished (arm, seed), evaluates it, and writes the table and report;
     returns the comparison (of every arm finished in ``out_dir``). ``seeds`` and ``arms``
     restrict what runs now to those of the file (a second seed on another machine, one new
-    arm); the folder, its budget check and its table stay the whole file's."""
+    arm); the folder, its budget check and its table stay the whole file's. ``table=False``
+    runs the arms only and returns None (a worker of ``run_experiment_jobs``)."""
     from harnessrl.design import make_design
     from harnessrl.eval.evaluate import evaluate
     from harnessrl.eval.report import write_run_report
@@ -139,6 +145,69 @@ def run_experiment(
             log(f"[{run_id}] evaluated: in-space Pass@1 {in_space}")
             write_run_report(run_dir)
             del trainer
+    if not table:
+        return None
     comparison = compare(out)
     write_experiment_report(out)
     return comparison
+
+
+def run_experiment_jobs(
+    spec: ExperimentSpec, source: str | Path, out_dir: str | Path, jobs: int, log: Logger = print,
+    seeds: Sequence[int] | None = None, arms: Sequence[str] | None = None, poll_s: float = 60.0,
+) -> dict[str, Any]:
+    """Runs the experiment file ``source`` with its seeds split over ``jobs`` worker processes
+    (``harnessrl experiment --seeds ...``, round-robin), each with its share of the cores as
+    torch threads (``OMP_NUM_THREADS``, unless set) and its output in ``DIR/logs/``; then writes
+    the table and report once. Small models on CPU use cores better as parallel runs than as
+    threads of one run. A worker that fails stops nothing else; its finished arms are kept
+    (re-running resumes), and the error names its log."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    chosen = [s for s in spec.seeds if not seeds or s in seeds]
+    groups = [chosen[i::jobs] for i in range(min(jobs, len(chosen)))]
+    out = Path(out_dir)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // len(groups))))
+    workers = []
+    for group in groups:
+        name = "seed-" + "-".join(map(str, group))
+        command = [sys.executable, "-m", "harnessrl.cli", "experiment", str(source), "--out", str(out),
+                   "--seeds", ",".join(map(str, group)), "--no-table"]
+        if arms:
+            command += ["--arms", ",".join(arms)]
+        path = out / "logs" / f"{name}.log"
+        stream = path.open("a", encoding="utf-8")
+        workers.append((name, path, stream, subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, env=env)))
+        log(f"[{name}] worker started ({env['OMP_NUM_THREADS']} threads): log {path}")
+    try:
+        shown = time.time()
+        while any(proc.poll() is None for *_, proc in workers):
+            time.sleep(min(1.0, poll_s))
+            if time.time() - shown >= poll_s:  # each running worker's newest event, every poll_s
+                shown = time.time()
+                for name, path, _, proc in workers:
+                    if proc.poll() is None:
+                        log(f"[{name}] {_last_line(path)}")
+    finally:
+        for _, _, stream, proc in workers:
+            if proc.poll() is None:  # interrupted: stop the workers too (finished arms stay)
+                proc.terminate()
+                proc.wait()
+            stream.close()
+    failed = [(name, path, proc.returncode) for name, path, _, proc in workers if proc.returncode != 0]
+    comparison = compare(out)
+    write_experiment_report(out)
+    if failed:
+        raise RuntimeError("; ".join(f"worker {name} exited with {rc} (log {path}: {_last_line(path, False)})"
+                                     for name, path, rc in failed) + "; re-run to resume its unfinished arms")
+    return comparison
+
+
+def _last_line(path: Path, event: bool = True) -> str:
+    """A worker's last log line; with ``event`` its newest logged event (``[time] [run] ...``,
+    not a progress line) if it has one."""
+    lines = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    events = [line for line in lines if re.match(r"\[\d\d:\d\d:\d\d\] \[", line)] if event else []
+    return (events or lines or ["(no output yet)"])[-1]

@@ -85,7 +85,8 @@ class GenerationRequest:
 @dataclass
 class Generation:
     """A sampled completion: ids, one log-probability per id, and why sampling stopped
-    (``stop``: a stop token was sampled; ``length``: max_new_tokens; ``error``)."""
+    (``stop``: a stop token was sampled; ``length``: max_new_tokens; ``abort``: the token sink
+    of ``generate_stream`` ended it, its client gone; ``error``)."""
 
     token_ids: list[int]
     logprobs: list[float]
@@ -146,10 +147,12 @@ def triage_requests(
     return results, runnable
 
 
-TokenSink = Callable[[int, Sequence[int]], None]
+TokenSink = Callable[[int, Sequence[int]], "bool | None"]
 """Receives ``(index, ids)``: ids that request ``index`` of a ``generate_stream`` batch sampled
 since the last call for it, in order (the concatenation of one request's calls is its
-generation's ``token_ids``)."""
+generation's ``token_ids``). Returning ``False`` asks the policy to stop sampling that request
+(its client is gone): a policy that decodes step by step ends it there, finish reason
+``abort``, and the rest of the batch goes on; any other return value is ignored."""
 
 
 class Policy(ABC):

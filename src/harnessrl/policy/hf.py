@@ -281,8 +281,8 @@ class HFPolicy(WeightSyncedPolicy):
             sink: TokenSink | None = None
             if on_tokens is not None:
 
-                def sink(row: int, ids: Sequence[int], chunk: list[int] = chunk) -> None:
-                    on_tokens(chunk[row], ids)
+                def sink(row: int, ids: Sequence[int], chunk: list[int] = chunk) -> bool | None:
+                    return on_tokens(chunk[row], ids)
 
             try:
                 generations = self._generate_batch([requests[index] for index in chunk], sink)
@@ -382,7 +382,7 @@ class HFPolicy(WeightSyncedPolicy):
         """Samples one batch: prefill (cached prefixes reused), then one token per step for
         every row still running; rows that finish leave the batch and, with the prefix cache
         on, leave their prompt and completion KV in it. ``on_tokens(row, [token])`` hears of
-        every token once it is sampled."""
+        every token once it is sampled; when it returns False the row ends there (``abort``)."""
         rows = len(requests)
         prompts = [list(request.prompt_ids) for request in requests]
         prompt_lengths = [len(prompt) for prompt in prompts]
@@ -429,10 +429,11 @@ class HFPolicy(WeightSyncedPolicy):
                 token = sampled[batch_row]
                 token_ids[row].append(token)
                 token_logprobs[row].append(sampled_logprobs[batch_row])
-                if on_tokens is not None:
-                    on_tokens(row, [token])
+                aborted = on_tokens is not None and on_tokens(row, [token]) is False
                 if token in stop_ids[row]:
                     finish_reasons[row] = "stop"
+                elif aborted:  # the sink's client is gone: the row leaves the batch
+                    finish_reasons[row] = "abort"
                 elif len(token_ids[row]) < budgets[row]:
                     keep.append(batch_row)
                     continue

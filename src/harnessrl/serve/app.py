@@ -10,6 +10,9 @@ OpenAI ``{"error": {"message", "type", "param", "code"}}``, Anthropic ``{"type":
 "error": {"type", "message"}}``. Unknown fields and headers are ignored. A body over
 ``max_request_bytes`` gets a 413 before it is read in full, one that does not arrive within
 ``body_timeout_s`` a 408 (see ``serve/limits.py``); one holding a lone UTF-16 surrogate a 400.
+A client that disconnects before its answer is ready gives the request up: it is skipped if
+still queued and stopped at its next token if sampling (``PendingCompletion.abandon``;
+``/health`` counts both), and the handler ends with a 499 that nobody reads.
 """
 
 from __future__ import annotations
@@ -47,6 +50,10 @@ logger = logging.getLogger("harnessrl.serve")
 
 SESSION_HEADER = "x-harnessrl-session"
 OPENAI, ANTHROPIC = "openai", "anthropic"
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready (answered with a 499 nobody reads)."""
 
 
 class ApiError(Exception):
@@ -157,6 +164,29 @@ def create_app(
         session = request.path_params.get("session") or request.headers.get(SESSION_HEADER)
         return session or None
 
+    async def start(request: Request, parsed: ParsedRequest) -> PendingCompletion:
+        """Queues ``parsed`` and watches its connection until the answer is ready: a client
+        that disconnects first abandons the request (skipped if queued, stopped if sampling)."""
+        pending = await engine.start(parsed, session=session_of(request))
+
+        async def until_gone() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass  # after the body only a disconnect comes; anything else is skipped
+            pending.abandon()
+
+        watcher = asyncio.ensure_future(until_gone())
+        pending.task.add_done_callback(lambda _: watcher.cancel())
+        return pending
+
+    async def answer(pending: PendingCompletion) -> CompletionSet:
+        """Returns the finished request's completions (``ClientGone`` if it was abandoned)."""
+        try:
+            return await pending.task
+        except asyncio.CancelledError:
+            if pending.gone.is_set():
+                raise ClientGone() from None
+            raise
+
     Handler = Callable[[Request], Awaitable[Response]]
 
     def api_route(handler: Callable[[Request], Awaitable[Response]]) -> Handler:
@@ -167,6 +197,8 @@ def create_app(
             try:
                 check_key(request)
                 return await handler(request)
+            except ClientGone:
+                return Response(status_code=499)
             except ApiError as exc:
                 return error_response(family, exc)
             except InvalidRequest as exc:
@@ -199,6 +231,13 @@ def create_app(
         model never leaves a client waiting on a silent connection."""
 
         async def events() -> AsyncIterator[str]:
+            try:
+                async for event in stream():
+                    yield event
+            finally:  # the response ended before the answer (the client went away): give it up
+                pending.abandon()
+
+        async def stream() -> AsyncIterator[str]:
             for event in head:
                 yield event
             texts = [engine.streamed_text(parsed) for _ in range(parsed.n)]
@@ -226,6 +265,8 @@ def create_app(
                             yield event
             try:
                 result = pending.task.result()
+            except asyncio.CancelledError:  # abandoned: the client is gone
+                return
             except PolicyFailure as exc:
                 yield failed(str(exc))
                 return
@@ -251,11 +292,11 @@ def create_app(
 
     async def chat_completions(request: Request) -> Response:
         parsed = openai_chat.parse_chat_request(await read_body(request))
-        pending = await engine.start(parsed, session_of(request))
+        pending = await start(request, parsed)
         if parsed.stream:
             chat = openai_chat.ChatStream(parsed, model)
             return sse(pending, parsed, [], chat.delta, chat.rest, openai_chat.KEEPALIVE, openai_chat.stream_error)
-        result = await pending.task
+        result = await answer(pending)
         return JSONResponse(openai_chat.chat_response(result, parsed, model, engine.renderer.decode))
 
     # ------------------------------------------------------------ OpenAI Responses
@@ -264,7 +305,7 @@ def create_app(
 
     async def responses(request: Request) -> Response:
         parsed = openai_responses.parse_responses_request(await read_body(request), store)
-        pending = await engine.start(parsed, session_of(request))
+        pending = await start(request, parsed)
         skeleton = openai_responses.response_skeleton(parsed, model, new_id("resp_"))
         if parsed.stream:
             events = openai_responses.ResponseEvents()
@@ -274,20 +315,20 @@ def create_app(
 
             failed = functools.partial(events.failed, skeleton)
             return sse(pending, parsed, events.start(skeleton), events.delta, rest, openai_chat.KEEPALIVE, failed)
-        result = await pending.task
+        result = await answer(pending)
         return JSONResponse(openai_responses.response_object(result, parsed, model, store, skeleton))
 
     # ------------------------------------------------------------ Anthropic Messages
     async def messages(request: Request) -> Response:
         parsed = anthropic_messages.parse_messages_request(await read_body(request))
-        pending = await engine.start(parsed, session_of(request))
+        pending = await start(request, parsed)
         message_id = new_id("msg_")
         if parsed.stream:
             head = anthropic_messages.message_stream_start(message_id, model, pending.prompt_tokens)
             blocks = anthropic_messages.MessageStream()
             return sse(pending, parsed, head, blocks.delta, blocks.rest, anthropic_messages.PING,
                        anthropic_messages.stream_error)
-        result = await pending.task
+        result = await answer(pending)
         return JSONResponse(anthropic_messages.message_response(result, model, message_id))
 
     async def count_tokens(request: Request) -> Response:
@@ -309,7 +350,9 @@ def create_app(
     @app.get("/health", include_in_schema=False)
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": model, "batches": engine.batcher.batches, "requests": engine.batcher.requests,
-                "undeclared_tool_calls": engine.undeclared_tool_calls}
+                "undeclared_tool_calls": engine.undeclared_tool_calls, "queued_requests": engine.batcher.queued,
+                "abandoned_requests": engine.abandoned,
+                "aborted_generations": engine.batcher.aborted}
 
     return app
 

@@ -3,7 +3,10 @@
 ``PolicyBatcher`` owns the policy: one worker thread calls ``policy.generate`` (policies are
 not thread-safe), gathering every request that arrived while the previous batch ran into the
 next batch, so parallel agents share forward passes (every batch runs
-``policy.generate_stream``, which hands a stream its ids as they are sampled). Closing the
+``policy.generate_stream``, which hands a stream its ids as they are sampled). A request
+whose client went away (``PendingCompletion.abandon``: the app watches every connection) is
+skipped if still queued and, if already sampling, ended at its next token (``abort``) while
+the rest of its batch goes on, as vLLM aborts the requests of a closed connection. Closing the
 batcher ends the generation in progress at its next sampled token: a worker thread still
 inside the model when the interpreter exits is aborted mid C++ call (``terminate called
 without an active exception``). ``ServeEngine.complete`` renders a
@@ -130,6 +133,20 @@ class PendingCompletion:
     task: asyncio.Future[CompletionSet]
     # a streamed request's sampled ids as the policy hands them over: (choice index, ids)
     tokens: asyncio.Queue[tuple[int, list[int]]] | None = None
+    # set when the client went away: the batcher then skips or ends its generations
+    gone: threading.Event = field(default_factory=threading.Event)
+    on_abandon: Callable[[], None] | None = None
+
+    def abandon(self) -> None:
+        """Gives the request up (its client disconnected): queued generations are skipped,
+        running ones end at their next token, and ``task`` is cancelled. Once ``task`` is
+        done this does nothing."""
+        if self.task.done() or self.gone.is_set():
+            return
+        self.gone.set()
+        self.task.cancel()
+        if self.on_abandon is not None:
+            self.on_abandon()
 
 
 def new_id(prefix: str) -> str:
@@ -137,8 +154,12 @@ def new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:24]}"
 
 
-# one queued request: the request, the future of its generation, who hears its tokens
-_Queued = tuple[GenerationRequest, "concurrent.futures.Future[Generation]", "Callable[[Sequence[int]], None] | None"]
+# one queued request: the request, the future of its generation, who hears its tokens, and
+# whether its client is gone
+_Queued = tuple[
+    GenerationRequest, "concurrent.futures.Future[Generation]", "Callable[[Sequence[int]], None] | None",
+    "Callable[[], bool] | None",
+]
 
 
 class PolicyBatcher:
@@ -153,13 +174,16 @@ class PolicyBatcher:
         self._start_lock = threading.Lock()
         self.batches = 0  # how many generate calls ran
         self.requests = 0  # how many requests they held
+        self.aborted = 0  # how many of those ended early because their client was gone
 
     def submit(
-        self, request: GenerationRequest, on_tokens: Callable[[Sequence[int]], None] | None = None
+        self, request: GenerationRequest, on_tokens: Callable[[Sequence[int]], None] | None = None,
+        gone: Callable[[], bool] | None = None,
     ) -> concurrent.futures.Future[Generation]:
         """Queues one request (starting the worker if it is not running); returns the future
         of its generation. ``on_tokens`` (called on the worker thread) receives its ids as the
-        policy samples them (``Policy.generate_stream``)."""
+        policy samples them (``Policy.generate_stream``); once ``gone()`` is true the request
+        is skipped, or ended at its next token if it is running."""
         with self._start_lock:
             if self._thread is None or not self._thread.is_alive():
                 self._closing = threading.Event()
@@ -167,8 +191,13 @@ class PolicyBatcher:
                                                 name="harnessrl-serve-policy", daemon=True)
                 self._thread.start()
         future: concurrent.futures.Future[Generation] = concurrent.futures.Future()
-        self._queue.put((request, future, on_tokens))
+        self._queue.put((request, future, on_tokens, gone))
         return future
+
+    @property
+    def queued(self) -> int:
+        """How many requests wait for the next batch (skipped ones included until reached)."""
+        return self._queue.qsize()
 
     def close(self) -> None:
         """Stops the worker: the generation in progress ends at its next sampled token and
@@ -211,30 +240,38 @@ class PolicyBatcher:
         if not batch:
             return
         if closing.is_set():
-            for _, future, _ in batch:
+            for _, future, _, _ in batch:
                 future.set_exception(PolicyFailure("the server closed before this request ran"))
             return
         self.batches += 1
         self.requests += len(batch)
-        requests = [request for request, _, _ in batch]
-        listeners = [on_tokens for _, _, on_tokens in batch]
+        requests = [request for request, _, _, _ in batch]
+        listeners = [on_tokens for _, _, on_tokens, _ in batch]
+        gone = [is_gone for _, _, _, is_gone in batch]
+        ended: set[int] = set()
 
-        def dispatch(index: int, ids: Sequence[int]) -> None:
+        def dispatch(index: int, ids: Sequence[int]) -> bool | None:
             if closing.is_set():
                 raise BatcherClosed("the server closed during this generation")
+            if gone[index] is not None and gone[index]():
+                if index not in ended:
+                    ended.add(index)
+                    self.aborted += 1
+                return False  # the policy ends this request; its batch goes on
             listener = listeners[index]
             if listener is not None:
                 listener(ids)
+            return None
 
         try:
             generations = self.policy.generate_stream(requests, dispatch)
             if len(generations) != len(batch):
                 raise RuntimeError(f"the policy returned {len(generations)} generations for {len(batch)} requests")
         except Exception as exc:  # a failing batch fails its requests, not the server
-            for _, future, _ in batch:
+            for _, future, _, _ in batch:
                 future.set_exception(PolicyFailure(f"generation failed: {type(exc).__name__}: {exc}"))
             return
-        for (_, future, _), generation in zip(batch, generations, strict=True):
+        for (_, future, _, _), generation in zip(batch, generations, strict=True):
             future.set_result(generation)
 
 
@@ -265,6 +302,7 @@ class ServeEngine:
         self.max_output_tokens = max_output_tokens
         self.batcher = PolicyBatcher(policy, max_batch_size=max_batch_size)
         self.undeclared_tool_calls = 0  # completions whose calls named no declared tool
+        self.abandoned = 0  # requests whose client went away before the answer
         # per named session, the last prompt refused for the context: (prompt tokens, context)
         self.context_overflows: dict[str, tuple[int, int]] = {}
 
@@ -309,6 +347,7 @@ class ServeEngine:
             session, thread = self.recorder.assign(request.messages, session)
         context = ServeContext(request.api, session, request.messages, request.tools, request.raw, request.prefill)
         futures = []
+        gone = threading.Event()
         tokens: asyncio.Queue[tuple[int, list[int]]] | None = asyncio.Queue() if request.stream else None
         loop = asyncio.get_running_loop()
         for choice in range(request.n):
@@ -321,11 +360,14 @@ class ServeEngine:
                     loop.call_soon_threadsafe(tokens.put_nowait, (choice, list(ids)))
 
             generation_request = GenerationRequest(list(prompt.ids), params, context)
-            futures.append(asyncio.wrap_future(self.batcher.submit(generation_request, on_tokens)))
+            futures.append(asyncio.wrap_future(self.batcher.submit(generation_request, on_tokens, gone.is_set)))
         task = asyncio.ensure_future(self._complete(request, session, thread, prompt, futures))
         # A stream whose client went away never awaits its task: retrieve its error anyway.
         task.add_done_callback(lambda done: done.cancelled() or done.exception())
-        return PendingCompletion(session, len(prompt), task, tokens)
+        return PendingCompletion(session, len(prompt), task, tokens, gone, self._count_abandoned)
+
+    def _count_abandoned(self) -> None:
+        self.abandoned += 1
 
     def streamed_text(self, request: ParsedRequest) -> StreamedText:
         """Returns the tracker of one choice's streamed text (see ``serve/streaming.py``)."""

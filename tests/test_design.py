@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from harnessrl.design import (
     first_order,
     full,
+    galois_field,
     held_out_configs,
     l18_three_level_array,
     make_design,
@@ -39,8 +40,12 @@ def brute_force_strength2(rows, level_counts):
 
 
 def make_space(n_factors, levels):
+    return mixed_space([levels] * n_factors)
+
+
+def mixed_space(counts):
     return HarnessSpace(
-        [Factor(f"f{i}", "ABCDEFGHIJKLMNOP"[i], tuple(Level(str(j)) for j in range(levels))) for i in range(n_factors)]
+        [Factor(f"f{i}", "ABCDEFGHIJKLMNOP"[i], tuple(Level(str(j)) for j in range(s))) for i, s in enumerate(counts)]
     )
 
 
@@ -84,6 +89,50 @@ def test_rao_hamming_has_strength_two_for_every_prime(s, data):
         assert array.shape[0] == s * s  # Bose: s^2 runs for up to s+1 factors
 
 
+@pytest.mark.parametrize("q", [4, 8, 9, 16, 25, 27])
+def test_galois_fields_obey_the_field_axioms(q):
+    add, mul = galois_field(q)
+    elements = range(q)
+    assert all(sorted(add[a]) == list(elements) for a in elements)  # + is a group (Latin square)
+    assert all(sorted(mul[a, 1:]) == list(range(1, q)) for a in range(1, q))  # no zero divisors
+    assert (add == add.T).all() and (mul == mul.T).all() and (mul[1] == np.arange(q)).all()
+    for a, b, c in itertools.product(elements, repeat=3):
+        assert mul[a, add[b, c]] == add[mul[a, b], mul[a, c]]  # distributive
+        assert add[add[a, b], c] == add[a, add[b, c]] and mul[mul[a, b], c] == mul[a, mul[b, c]]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from([4, 8, 9]), st.data())
+def test_rao_hamming_has_strength_two_for_prime_powers(q, data):
+    n_factors = data.draw(st.integers(2, q + 1))
+    array = rao_hamming_array(q, n_factors)
+    assert array.shape == (q * q, n_factors)  # Bose: q^2 runs for up to q+1 factors
+    assert brute_force_strength2(array.tolist(), [q] * n_factors)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.sampled_from([2, 3, 4, 5, 8, 9]), min_size=2, max_size=5).filter(lambda c: len(set(c)) > 1))
+def test_mixed_prime_power_spaces_build_a_verified_design(counts):
+    design = orthogonal(mixed_space(counts))
+    rows = [c.levels for c in design.configs]
+    assert brute_force_strength2(rows, counts) and len(set(rows)) == len(rows)
+    assert design.report.checks()["strength"] >= 2
+    # never more runs than the product of one array per level count
+    per_count = {s: len(orthogonal_array([s] * counts.count(s))) for s in set(counts)}
+    assert len(rows) <= int(np.prod(list(per_count.values())))
+
+
+def test_a_fourth_level_on_one_factor_and_collapsible_mixes():
+    # the recipe "add a factor level" on the default space: OA(9, 3^4) x 4 levels
+    counts = [3, 3, 3, 3, 4]
+    array = orthogonal_array(counts)
+    assert array.shape == (36, 5) and brute_force_strength2(array.tolist(), counts)
+    # counts that divide one prime power: that array with its levels collapsed, 16 runs not 2 x 16
+    assert orthogonal_array([2, 4, 4]).shape == (16, 3)
+    assert orthogonal_array([2, 2, 4, 8]).shape == (64, 4)
+    assert orthogonal_array([4] * 5).shape == (16, 5)  # GF(4), Bose
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.sampled_from([2, 3, 5, 7]), st.integers(2, 8))
 def test_every_supported_space_builds_a_verified_design(s, n_factors):
@@ -94,13 +143,12 @@ def test_every_supported_space_builds_a_verified_design(s, n_factors):
 
 
 def test_unsupported_spaces_get_an_error_naming_what_is_supported():
-    mixed = HarnessSpace(
-        [Factor("a", "A", (Level("0"), Level("1"))), Factor("b", "B", (Level("0"), Level("1"), Level("2")))]
-    )
-    with pytest.raises(ValueError, match=r"mixed level counts .* supported strength-2 constructions"):
-        orthogonal(mixed)
-    with pytest.raises(ValueError, match="not prime"):
-        orthogonal(make_space(3, 4))
+    with pytest.raises(ValueError, match=r"6 levels per factor is not a prime power; supported strength-2"):
+        orthogonal(mixed_space([2, 6, 3]))
+    with pytest.raises(ValueError, match="10 levels per factor is not a prime power"):
+        orthogonal(make_space(3, 10))
+    with pytest.raises(ValueError, match="is not a prime power"):
+        galois_field(12)
     with pytest.raises(ValueError, match="strength 3 is not supported"):
         orthogonal(default_space(), strength=3)
 

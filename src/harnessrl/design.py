@@ -222,6 +222,75 @@ def _is_prime(n: int) -> bool:
     return n >= 2 and all(n % p for p in range(2, int(n**0.5) + 1))
 
 
+def prime_power(q: int) -> tuple[int, int] | None:
+    """Returns (p, n) with q = p^n for a prime p, or None when q is not a prime power."""
+    for p in range(2, q + 1):
+        if q % p == 0:  # p is q's smallest prime factor
+            n = 0
+            while q % p == 0:
+                q, n = q // p, n + 1
+            return (p, n) if q == 1 else None
+    return None
+
+
+def _poly_mod(a: list[int], f: list[int], p: int) -> list[int]:
+    """Returns a mod f over GF(p) (coefficients lowest first; f monic)."""
+    a = list(a)
+    while len(a) >= len(f):
+        lead = a[-1]
+        if lead:
+            shift = len(a) - len(f)
+            for i, c in enumerate(f):
+                a[shift + i] = (a[shift + i] - lead * c) % p
+        a.pop()
+    return a
+
+
+def _irreducible(p: int, n: int) -> list[int]:
+    """Returns the first monic irreducible polynomial of degree n over GF(p) (coefficients
+    lowest first), found by trial division by every monic polynomial of degree 1..n/2."""
+    for tail in itertools.product(range(p), repeat=n):
+        f = [*tail, 1]
+        if f[0] == 0:
+            continue  # divisible by x
+        divisors = (
+            [*low, 1] for degree in range(1, n // 2 + 1) for low in itertools.product(range(p), repeat=degree)
+        )
+        if all(any(_poly_mod(f, d, p)) for d in divisors):
+            return f
+    raise AssertionError(f"no irreducible polynomial of degree {n} over GF({p})")  # pragma: no cover
+
+
+@lru_cache(maxsize=32)
+def galois_field(q: int) -> tuple[np.ndarray, np.ndarray]:
+    """Returns the (addition, multiplication) tables of GF(q) for a prime power q = p^n.
+
+    Element e in 0..q-1 is the polynomial over GF(p) whose coefficients are e's base-p digits
+    (lowest first); products are reduced modulo the first monic irreducible polynomial of
+    degree n. For a prime q the tables are addition and multiplication mod q."""
+    found = prime_power(q)
+    if found is None:
+        raise ValueError(f"GF({q}) does not exist: {q} is not a prime power")
+    p, n = found
+    digits = [[(e // p**i) % p for i in range(n)] for e in range(q)]
+    value = {tuple(d): e for e, d in enumerate(digits)}
+    add = np.array([[value[tuple((x + y) % p for x, y in zip(a, b, strict=True))] for b in digits] for a in digits])
+    f = _irreducible(p, n)
+    mul = np.zeros((q, q), dtype=np.int64)
+    for i, a in enumerate(digits):
+        for j, b in enumerate(digits):
+            product = [0] * (2 * n - 1)
+            for x, u in enumerate(a):
+                for y, v in enumerate(b):
+                    product[x + y] = (product[x + y] + u * v) % p
+            reduced = _poly_mod(product, f, p) if n > 1 else product
+            mul[i, j] = value[tuple(reduced + [0] * (n - len(reduced)))]
+    add = add.astype(np.int64)
+    for table in (add, mul):
+        table.setflags(write=False)  # shared by every caller (cached)
+    return add, mul
+
+
 def _runs_exponent(s: int, n_factors: int) -> int:
     """Returns the smallest m >= 2 with (s^m - 1)/(s - 1) >= n_factors."""
     m = 2
@@ -231,16 +300,16 @@ def _runs_exponent(s: int, n_factors: int) -> int:
 
 
 def rao_hamming_array(s: int, n_factors: int | None = None, m: int | None = None) -> np.ndarray:
-    """Returns an OA(s^m, n_factors, s, 2) for prime ``s`` (Rao–Hamming; m=2 is Bose's
-    s^2-run array with up to s+1 factors). Default m: the smallest that fits ``n_factors``;
-    default ``n_factors``: all (s^m - 1)/(s - 1) columns.
+    """Returns an OA(s^m, n_factors, s, 2) for a prime power ``s`` (Rao–Hamming; m=2 is
+    Bose's s^2-run array with up to s+1 factors). Default m: the smallest that fits
+    ``n_factors``; default ``n_factors``: all (s^m - 1)/(s - 1) columns.
 
     Rows are all x in GF(s)^m; a column is a vector a (first non-zero coordinate 1);
-    the entry is a·x mod s. Any two columns are linearly independent, so every pair of
-    levels appears s^(m-2) times.
+    the entry is a·x in GF(s) (mod s for a prime). Any two columns are linearly independent,
+    so every pair of levels appears s^(m-2) times.
     """
-    if not _is_prime(s):
-        raise ValueError(f"Rao–Hamming needs a prime number of levels, got {s}")
+    if prime_power(s) is None:
+        raise ValueError(f"Rao–Hamming needs a prime power number of levels, got {s}")
     if m is None:
         m = _runs_exponent(s, n_factors or 2)
     columns = [
@@ -254,8 +323,15 @@ def rao_hamming_array(s: int, n_factors: int | None = None, m: int | None = None
     # Unit vectors first, so the first m columns are the full factorial's own columns.
     columns.sort(key=lambda a: (sum(1 for v in a if v) != 1, a))
     rows = np.array(list(itertools.product(range(s), repeat=m)), dtype=np.int64)
-    cols = np.array(columns[:n_factors], dtype=np.int64).T  # m x n_factors
-    return (rows @ cols) % s
+    if _is_prime(s):
+        cols = np.array(columns[:n_factors], dtype=np.int64).T  # m x n_factors
+        return (rows @ cols) % s
+    add, mul = galois_field(s)
+    out = np.zeros((len(rows), n_factors), dtype=np.int64)
+    for j, a in enumerate(columns[:n_factors]):
+        for i, coefficient in enumerate(a):
+            out[:, j] = add[out[:, j], mul[coefficient, rows[:, i]]]
+    return out
 
 
 @lru_cache(maxsize=1)
@@ -315,37 +391,77 @@ def _best_columns(array: np.ndarray, n_factors: int) -> np.ndarray:
     return array[:, best_cols]
 
 
-def orthogonal_array(level_counts: Sequence[int], strength: int = 2) -> np.ndarray:
-    """Returns a strength-2 orthogonal array for these level counts, or raises ``ValueError``
-    naming what is supported.
+_SUPPORTED = (
+    "supported strength-2 constructions: level counts that are prime powers (2, 3, 4, 5, 7, 8, 9, ...): "
+    "all factors with s levels by Rao–Hamming over GF(s) (s^2 runs for up to s+1 factors, s^m runs "
+    "beyond; 3 levels with 5 to 7 factors in 18 runs), mixed counts that all divide one prime power "
+    "by collapsing its levels, other mixes as the product of one array per level count; for other "
+    "spaces use kind 'random' or 'full'"
+)
 
-    Supported: every factor with the same number of levels s and
+
+def orthogonal_array(level_counts: Sequence[int], strength: int = 2) -> np.ndarray:
+    """Returns a strength-2 orthogonal array for these level counts (column i has
+    ``level_counts[i]`` levels), or raises ``ValueError`` naming what is supported.
+
+    Every level count must be a prime power. With one count s for every factor:
     - s = 3 with 5 to 7 factors: 18 runs (the L18's 3-level columns; the paper's design);
-    - s prime, any number of factors: Rao–Hamming in s^m runs (s^2 for up to s+1 factors).
+    - otherwise Rao–Hamming over GF(s) in s^m runs (s^2 for up to s+1 factors).
     Among the candidate column sets, the one with the largest minimum Hamming distance is used.
+    With mixed counts, the fewer-run of two constructions: (a) when every count divides one
+    prime power q, the array for q levels with each column's levels collapsed onto its count
+    (level v -> v mod s: every level keeps q/s of q's, so every pair of columns stays
+    balanced); (b) the product of one array per level count (rows: every pair of their rows;
+    a pair of columns from one part is balanced there, from two parts by independence). For
+    four 3-level factors and one 4-level factor that is 9 x 4 = 36 runs.
     """
     counts = list(level_counts)
     k = len(counts)
-    supported = (
-        "supported strength-2 constructions: all factors with the same prime number of levels s "
-        "(Rao–Hamming, s^2 runs for up to s+1 factors, s^m runs beyond), and 3 levels with up to "
-        "7 factors in 18 runs; for other spaces use kind 'random' or 'full'"
-    )
     if strength != 2:
-        raise ValueError(f"strength {strength} is not supported; {supported}")
-    if len(set(counts)) != 1:
-        raise ValueError(f"mixed level counts {counts} have no construction here; {supported}")
-    s = counts[0]
+        raise ValueError(f"strength {strength} is not supported; {_SUPPORTED}")
+    odd = sorted({s for s in counts if prime_power(s) is None})
+    if odd:
+        raise ValueError(f"{', '.join(map(str, odd))} levels per factor is not a prime power; {_SUPPORTED}")
+    if len(set(counts)) == 1:
+        return _uniform_array(counts[0], k)
+    candidates = [_product_array(counts)]
+    q = next((q for q in range(max(counts), max(counts) ** 3 + 1)
+              if prime_power(q) and all(q % s == 0 for s in counts)), None)
+    if q is not None:
+        collapsed = _uniform_array(q, k) % np.array(counts, dtype=np.int64)
+        if len({tuple(row) for row in collapsed.tolist()}) == len(collapsed):  # a design repeats no row
+            candidates.append(collapsed)
+    return min(candidates, key=len)
+
+
+def _uniform_array(s: int, k: int) -> np.ndarray:
+    """An OA(N, k, s, 2) for a prime power s (see ``orthogonal_array``)."""
     if k == 1:
         return np.arange(s, dtype=np.int64)[:, None]
     if s == 3 and 5 <= k <= 7:
         return _best_columns(l18_three_level_array(), k)
-    if _is_prime(s):
-        candidates = rao_hamming_array(s, m=_runs_exponent(s, k))
-        if math.comb(candidates.shape[1], k) <= _MAX_COLUMN_SETS:
-            return _best_columns(candidates, k)
-        return candidates[:, :k]
-    raise ValueError(f"{s} levels per factor is not prime; {supported}")
+    candidates = rao_hamming_array(s, m=_runs_exponent(s, k))
+    if math.comb(candidates.shape[1], k) <= _MAX_COLUMN_SETS:
+        return _best_columns(candidates, k)
+    return candidates[:, :k]
+
+
+def _product_array(counts: Sequence[int]) -> np.ndarray:
+    """The product of one uniform array per distinct level count, columns in ``counts`` order."""
+    parts = {s: _uniform_array(s, counts.count(s)) for s in dict.fromkeys(counts)}
+    rows = [np.concatenate(combo) for combo in itertools.product(*parts.values())]
+    product = np.array(rows, dtype=np.int64)
+    # the product's columns come grouped by count; put each back at its factor's position
+    offsets, order = {}, []
+    start = 0
+    for s, part in parts.items():
+        offsets[s] = start
+        start += part.shape[1]
+    seen: Counter[int] = Counter()
+    for s in counts:
+        order.append(offsets[s] + seen[s])
+        seen[s] += 1
+    return product[:, order]
 
 
 # Above this many candidate column sets, take the first k columns instead of searching.

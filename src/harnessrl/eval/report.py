@@ -278,9 +278,11 @@ UPDATE_DIAGNOSTICS = ("update/pg_loss", "update/kl_ref", "update/approx_kl", "up
                       "update/grad_norm", "lr", "update/clipfrac_low", "update/clipfrac_high")
 
 
-def plot_learning_curves(series: dict[str, list[dict[str, Any]]], keys: Sequence[str], per_row: int = 4) -> Any:
+def plot_learning_curves(series: dict[str, list[dict[str, Any]]], keys: Sequence[str], per_row: int = 4,
+                         lines: dict[str, float] | None = None) -> Any:
     """Returns one panel per metric key (``per_row`` to a row), one line per run label,
-    against the step (integer ticks: steps are counted from 1)."""
+    against the step (integer ticks: steps are counted from 1); ``lines`` draws each
+    label's value as a dashed horizontal line in every panel (e.g. the SFT-only control)."""
     from matplotlib.ticker import MaxNLocator
 
     plt = pyplot()
@@ -294,12 +296,44 @@ def plot_learning_curves(series: dict[str, list[dict[str, Any]]], keys: Sequence
             points = [(r["step"] + 1, r[key]) for r in records if r.get(key) is not None]
             if points:
                 ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+        for label, value in (lines or {}).items():
+            ax.axhline(value, linestyle="--", color="grey", label=label)
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(key, fontsize=9)
-    if len(series) > 1:
+    if len(series) + len(lines or {}) > 1:
         axes[0][0].legend(fontsize=7)
     return fig
+
+
+# What a step's training rollouts show, in metrics.jsonl: the first pass's reward (before dynamic
+# sampling chose groups), the trained groups' reward and signal, and the task frontier.
+TRAINING_CURVES = ("sampling/first_pass_reward", "reward_mean", "valid_group_ratio", "no_signal_fraction",
+                   "frontier/size", "sampling/extra_rollouts")
+
+
+def curve_keys(records: Sequence[dict[str, Any]], keys: Sequence[str] = TRAINING_CURVES) -> list[str]:
+    """Returns the keys of ``keys`` that some record has a value for."""
+    return [key for key in keys if any(r.get(key) is not None for r in records)]
+
+
+def eval_curve(run_dir: Path, records: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Returns a run's held-out Pass@1 per evaluation set at each point it was evaluated:
+    before step 1 (the base: the warm start), every ``eval_every`` steps, and after the last
+    step; each point's ``step`` is the updates done minus one (``plot_learning_curves`` adds 1)."""
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.exists() else {}
+    curves: dict[str, list[dict[str, Any]]] = {}
+    for name, row in (summary.get("pass_at_1") or {}).items():
+        if row.get("base_pass_at_1") is not None:
+            curves.setdefault(name, []).append({"step": -1, "pass_at_1": row["base_pass_at_1"]})
+    for record in records:
+        for name, scores in (record.get("eval") or {}).items():
+            curves.setdefault(name, []).append({"step": record["step"], "pass_at_1": scores["pass_at_1"]})
+    for name, row in (summary.get("pass_at_1") or {}).items():
+        if row.get("trained_pass_at_1") is not None and summary.get("steps"):
+            curves.setdefault(name, []).append({"step": int(summary["steps"]) - 1, "pass_at_1": row["trained_pass_at_1"]})
+    return {name: sorted(points, key=lambda p: p["step"]) for name, points in curves.items()}
 
 
 # --- transcripts ----------------------------------------------------------------------------------
@@ -513,20 +547,22 @@ def write_run_report(run_dir: str | Path) -> Path:
     records = read_jsonl_records(run_dir / "metrics.jsonl")
     if records:
         doc.heading("Learning curves")
-        doc.figure("learning-curves", plot_learning_curves({run_dir.name: records}, ["reward_mean", "pass_rate", "no_signal_fraction"]),
-                   "Training rollouts per step: mean reward, pass rate, fraction of GRPO groups without signal")
+        doc.figure("learning-curves", plot_learning_curves({run_dir.name: records}, [*curve_keys(records), "pass_rate"]),
+                   "Training rollouts per step: the first pass's mean reward (before dynamic sampling), the trained "
+                   "groups' mean reward and valid-group ratio, groups without signal, the task frontier's size, "
+                   "rollouts beyond the first pass, pass rate")
         diagnostics = [key for key in UPDATE_DIAGNOSTICS if any(r.get(key) is not None for r in records)]
         if diagnostics:
             doc.figure("update-diagnostics", plot_learning_curves({run_dir.name: records}, diagnostics),
                        "The update per step: policy loss, KL (to the reference; approximate, to the sampler), "
                        "entropy, gradient norm, learning rate, clip fractions (docs/evaluation.md)")
-        periodic = {
-            name: [{"step": r["step"], "pass_at_1": r["eval"][name]["pass_at_1"]} for r in records if name in r.get("eval", {})]
-            for name in ("in_space", "out_of_space")
-        }
-        if any(periodic.values()):
-            doc.figure("eval-curve", plot_learning_curves({k: v for k, v in periodic.items() if v}, ["pass_at_1"]),
-                       "Periodic evaluation (eval_every): Pass@1 per evaluation set")
+        periodic = eval_curve(run_dir, records)
+        if any(len(points) > 1 for points in periodic.values()):
+            base = {f"{name} before step 1": points[0]["pass_at_1"] for name, points in periodic.items()
+                    if points and points[0]["step"] == -1}
+            doc.figure("eval-curve", plot_learning_curves(periodic, ["pass_at_1"], lines=base),
+                       "Held-out Pass@1 (greedy, the same tasks and configurations at every point) before step 1, "
+                       "every eval_every steps and after the last; dashed: before step 1 (the warm start)")
         doc.table(["step", "reward", "pass rate", "no-signal", "trained samples", "format errors", "pairs"],
                   [[r["step"] + 1, r.get("reward_mean"), r.get("pass_rate"), r.get("no_signal_fraction"),
                     r.get("trained_samples"), r.get("format_errors"),

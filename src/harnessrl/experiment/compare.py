@@ -39,6 +39,7 @@ def executor_rollouts(run_dir: Path) -> dict[str, Any]:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
                if line.strip()] if (run_dir / "metrics.jsonl").exists() else []
     rescue = sum(int(r.get("rescue/rescue_rollouts", 0)) for r in records)
+    sampling = sum(int(r.get("sampling/extra_rollouts", 0)) for r in records)  # dynamic sampling's rounds
     # A step's ``episodes`` are the trained ones: a rescued group's first-pass rollouts were
     # replaced by its rescue rollouts, so the first pass is counted where rescue ran.
     first = sum(_first_pass(r) for r in records)
@@ -51,8 +52,8 @@ def executor_rollouts(run_dir: Path) -> dict[str, Any]:
     ratios = {key: float(np.mean([r[key] for r in records if key in r])) if any(key in r for r in records) else None
               for key in ("valid_group_ratio", "effective_token_ratio", "rescue/rescue_success_rate",
                           "rescue/rescue_trigger_rate")}
-    return {"first_pass": first, "rescue": rescue, "validation": validation,
-            "vs_grpo": (first + rescue) / first if first else None, **{k.split("/")[-1]: v for k, v in ratios.items()},
+    return {"first_pass": first, "sampling": sampling, "rescue": rescue, "validation": validation,
+            "vs_grpo": (first + sampling + rescue) / first if first else None, **{k.split("/")[-1]: v for k, v in ratios.items()},
             **cost}
 
 
@@ -84,7 +85,7 @@ def compare(out_dir: str | Path) -> dict[str, Any]:
         # recounted from each run's metrics, so a folder written by an older count is read right
         spent = [executor_rollouts(out / "arms" / f"{arm['name']}-seed{m['seed']}") for m in markers]
         row["rollouts"] = {key: _mean([s.get(key) for s in spent]) for key in
-                           ("first_pass", "rescue", "validation", "vs_grpo", "valid_group_ratio",
+                           ("first_pass", "sampling", "rescue", "validation", "vs_grpo", "valid_group_ratio",
                             "effective_token_ratio", "rescue_success_rate", "rescue_trigger_rate", *COST_FIELDS)}
         row["rollout_through"] = markers[0]["config"].get("rollout_through", "harness")
         row["objective"] = markers[0]["config"].get("objective", "rl")
@@ -178,6 +179,15 @@ def comparison_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]
              "-" if r.get("control") else f"{r['pairing']}, K={r['k']}", len(r["seeds"]),
              pct(r["in_space"]), pct_ci(r["in_space_ci"]), pct(r["out_of_space"]), pct_ci(r["out_of_space_ci"]),
              pct(r["overall"]), pct_ci(r.get("overall_ci")), signed(r["gain_in_space"]), signed(r["gain_overall"])] for r in result["arms"]]
+    # Budgets in the units that matter beside the equal steps (mean per seed): executor rollouts
+    # (first pass, dynamic sampling, rescue and validation), tokens sampled and trained, wall time.
+    headers += ["executor rollouts", "sampled tokens", "trained tokens", "wall min"]
+    for row, r in zip(rows, result["arms"], strict=True):
+        spent = r.get("rollouts") or {}
+        executed = sum(spent.get(key) or 0 for key in ("first_pass", "sampling", "rescue", "validation"))
+        row += [f"{executed:.0f}", *[f"{spent[key]:.0f}" if spent.get(key) is not None else "-"
+                                     for key in ("tokens_generated", "trained_tokens")],
+                f"{r.get('wall_time_s', 0.0) / 60 / max(1, len(r['seeds'])):.1f}"]
     if any(r.get("external") is not None for r in result["arms"]):
         # The agent programs evaluated through (the paper's Claude Code column).
         headers += ["external agents Pass@1", "95% CI"]
@@ -185,7 +195,8 @@ def comparison_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]
             row += [pct(r.get("external")), pct_ci(r.get("external_ci"))]
     if any(r.get("rollout_through", "harness") != "harness" or r.get("objective", "rl") != "rl" for r in result["arms"]):
         # Black-box arms: what the equal steps cost (see the module docstring).
-        headers += ["trains through", "update", "prompt tokens", "sampled tokens", "side tokens", "rollout s", "update s"]
+        headers += ["trains through", "update", "prompt tokens", "sampled tokens", "side tokens", "trained tokens",
+                    "rollout s", "update s"]
         for row, r in zip(rows, result["arms"], strict=True):
             spent = r.get("rollouts") or {}
             row += [r.get("rollout_through", "harness"), r.get("objective", "rl"),
@@ -266,6 +277,38 @@ def comparison_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def learning_series(out: Path, arms: list[dict[str, Any]]) -> tuple[dict[str, list[dict[str, Any]]],
+                                                                   dict[str, list[dict[str, Any]]], dict[str, float]]:
+    """Returns, per RL arm, its training curves (each metric's mean over seeds per step), its
+    held-out in-space curve on the curve subset (mean over seeds per point), and the SFT-only
+    control's line on that subset: the RL arms' point before step 1, which is the shared warm
+    start that the control is."""
+    from harnessrl.eval.report import TRAINING_CURVES, eval_curve, read_jsonl_records
+
+    series: dict[str, list[dict[str, Any]]] = {}
+    held_out: dict[str, list[dict[str, Any]]] = {}
+    starts: list[float] = []
+    for arm in arms:
+        if arm.get("control"):
+            continue
+        runs = [out / "arms" / f"{arm['arm']}-seed{s}" for s in arm["seeds"]]
+        per_seed = [read_jsonl_records(run / "metrics.jsonl") for run in runs]
+        steps = sorted({r["step"] for records in per_seed for r in records})
+        series[arm["arm"]] = [
+            {"step": step, **{key: _mean([r.get(key) for records in per_seed for r in records if r["step"] == step])
+                              for key in (*TRAINING_CURVES, "pass_rate")}}
+            for step in steps
+        ]
+        curves = [eval_curve(run, records).get("in_space", []) for run, records in zip(runs, per_seed, strict=True)]
+        points = sorted({p["step"] for curve in curves for p in curve})
+        if points:
+            held_out[arm["arm"]] = [{"step": step, "pass_at_1": _mean([p["pass_at_1"] for c in curves for p in c
+                                                                       if p["step"] == step])} for step in points]
+            starts += [c[0]["pass_at_1"] for c in curves if c and c[0]["step"] == -1]
+    control = {"SFT-only control": float(np.mean(starts))} if starts else {}
+    return series, held_out, control
+
+
 def write_experiment_report(out_dir: str | Path) -> Path:
     """(Re)builds DIR/report/ of an experiment: the comparison table, bars, learning curves,
     per-level heatmaps and distance curves per arm, behaviours, sample transcripts."""
@@ -276,10 +319,10 @@ def write_experiment_report(out_dir: str | Path) -> Path:
         make_decoder,
         pct,
         plot_distance,
+        curve_keys,
         plot_learning_curves,
         plot_level_heatmap,
         pyplot,
-        read_jsonl_records,
     )
     from harnessrl.trajectory import load_jsonl
 
@@ -320,18 +363,16 @@ def write_experiment_report(out_dir: str | Path) -> Path:
         ax.set_ylim(0, 100)
         ax.legend(fontsize=8)
         doc.figure("comparison", fig, "Pass@1 per arm (mean over seeds; bars: pooled 95% bootstrap interval)")
-        series: dict[str, list[dict[str, Any]]] = {}
-        for arm in arms:
-            per_seed = [read_jsonl_records(out / "arms" / f"{arm['arm']}-seed{s}" / "metrics.jsonl") for s in arm["seeds"]]
-            steps = sorted({r["step"] for records in per_seed for r in records})
-            series[arm["arm"]] = [
-                {"step": step, **{key: float(np.mean([r[key] for records in per_seed for r in records if r["step"] == step]))
-                                  for key in ("reward_mean", "pass_rate")}}
-                for step in steps
-            ]
+        series, held_out, control = learning_series(out, arms)
+        keys = curve_keys([r for records in series.values() for r in records])
         doc.heading("Learning curves")
-        doc.figure("learning-curves", plot_learning_curves(series, ["reward_mean", "pass_rate"]),
-                   "Training rollouts per step, mean over seeds")
+        doc.figure("learning-curves", plot_learning_curves(series, keys),
+                   "Training rollouts per step, mean over seeds: the first pass's mean reward (before dynamic "
+                   "sampling), the trained groups' reward and valid-group ratio, the task frontier's size")
+        if held_out:
+            doc.figure("held-out-curve", plot_learning_curves(held_out, ["pass_at_1"], lines=control),
+                       "Held-out in-space Pass@1 on the fixed curve subset (eval.curve_every), mean over seeds; "
+                       "step 0 is the shared warm start, dashed: the SFT-only control (that warm start, no RL)")
         doc.heading("Per factor level and distance to training")
         curves = {}
         for arm in arms:

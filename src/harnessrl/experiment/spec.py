@@ -70,6 +70,11 @@ class EvalSpec(BaseModel):
     k: int = Field(1, ge=1, description="runs per task")
     temperature: float = Field(0.0, ge=0.0, description="sampling temperature (0 = greedy)")
     seed: int = Field(0, description="seed of the held-out draw and of the test-task order")
+    curve_every: int = Field(
+        0, ge=0, description="learning curves: every RL arm also evaluates a fixed held-out subset (greedy, the "
+        "same tasks and configurations at every point) before step 1, every N steps and after the last; 0 = off")
+    curve_tasks: int = Field(8, ge=1, description="learning curves: test tasks per configuration of that subset")
+    curve_held_out: int = Field(4, ge=1, description="learning curves: held-out in-space configurations of that subset")
 
 
 class ExperimentSpec(BaseModel):
@@ -175,6 +180,9 @@ def arm_config(spec: ExperimentSpec, arm: ArmSpec, seed: int, out_dir: Path, sou
                  "eval_held_out": 0, "eval_out_of_space": False, "eval_base": False, "eval_every": 0}
     if spec.warm_start is not None:  # every arm continues the seed's shared warm start
         overrides.update(model=str(warm_start_model(out_dir, seed)), sft_warm_start_steps=0)
+    if spec.eval.curve_every and arm.control is None:  # the curve's subset; step 0 is the warm start (the control)
+        overrides.update(eval_every=spec.eval.curve_every, eval_base=True, eval_tasks=spec.eval.curve_tasks,
+                         eval_held_out=spec.eval.curve_held_out, eval_temperature=0.0)
     if arm.control == "sft-only":
         overrides["steps"] = 0
     try:
@@ -229,7 +237,7 @@ def budget(cfg: TrainConfig) -> dict[str, Any]:
             * cfg.max_new_tokens}
 
 
-COST_FIELDS = ("tokens_prompt", "tokens_generated", "tokens_side", "rollout_time_s", "update_time_s")
+COST_FIELDS = ("tokens_prompt", "tokens_generated", "tokens_side", "trained_tokens", "rollout_time_s", "update_time_s")
 """What an arm's rollouts cost, summed over its steps' metrics (see the module docstring)."""
 
 

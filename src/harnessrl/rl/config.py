@@ -138,6 +138,26 @@ class TrainConfig(BaseModel):
     vf_coef: float = Field(0.1, ge=0.0, description="PPO value-loss coefficient")
     vf_clip: float = Field(0.2, ge=0.0, description="PPO value clip range")
     skip_no_signal_groups: bool = Field(True, description="leave groups with all-equal rewards out of the update")
+    dynamic_sampling_rounds: int = Field(
+        0, ge=0,
+        description="dynamic sampling (DAPO, Yu et al. 2025; verl algorithm.filter_groups): after the first pass, "
+        "at most this many generation rounds that replace each group with all-equal rewards by a new task under "
+        "the same configuration, until tasks_per_step groups have mixed rewards; dead groups left then go to "
+        "rescue (resample first, rescue what stays dead); 0 = off (rl/sampling.py)",
+    )
+
+    # -- the task frontier ----------------------------------------------------------------------------
+    frontier: bool = Field(
+        False,
+        description="draw each K-step round's tasks from the task frontier (tasks whose estimated pass rate under "
+        "the current policy is in [frontier_low, frontier_high], weighted by p(1-p)) instead of the schedule's "
+        "epoch order; the K neighbouring configurations per task are unchanged (rl/frontier.py)",
+    )
+    frontier_decay: float = Field(0.7, gt=0.0, le=1.0, description="frontier: weight of a task's older outcomes at each new group")
+    frontier_prior: float = Field(1.0, gt=0.0, description="frontier: Beta(prior, prior) prior (an unseen task is at 1/2)")
+    frontier_low: float = Field(0.1, ge=0.0, le=1.0, description="frontier: lowest estimated pass rate on the frontier")
+    frontier_high: float = Field(0.9, ge=0.0, le=1.0, description="frontier: highest estimated pass rate on the frontier")
+    frontier_explore: float = Field(0.25, ge=0.0, le=1.0, description="frontier: share of a round's tasks drawn among tasks never seen")
 
     # -- Harness-S rescue -------------------------------------------------------------------------------
     rescue: Literal["none", "siblings", "h0", "mixture"] = Field(
@@ -287,6 +307,13 @@ class TrainConfig(BaseModel):
         if self.objective == "sft" and self.sft_source == "gold" and self.rollout_through == "harness":
             raise ValueError("sft_source gold replays gold through an agent's tools: set rollout_through ext:<agent> "
                              "(in-space oracle demonstrations are the warm start, sft_warm_start_steps)")
+        if (self.dynamic_sampling_rounds or self.frontier) and (self.rollout_through != "harness"
+                                                               or self.algorithm != "grpo"):
+            raise ValueError("dynamic_sampling_rounds and frontier choose GRPO groups of harness rollouts: set "
+                             "algorithm: grpo and rollout_through: harness, or turn them off (0 / false)")
+        if self.frontier_low > self.frontier_high:
+            raise ValueError(f"frontier_low {self.frontier_low} exceeds frontier_high {self.frontier_high}: the "
+                             "frontier is the estimated pass rates between them (defaults 0.1 and 0.9)")
         if self.advantage == "rloo" and self.algorithm != "grpo":
             raise ValueError(
                 f"advantage rloo is a group baseline for algorithm grpo; algorithm {self.algorithm} takes GAE "

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from harnessrl.eval.evaluate import EvalResult, evaluate
 from harnessrl.eval.sets import EvalTarget
 from harnessrl.harness.harness import Harness, HarnessLimits, out_of_space_names
 from harnessrl.harness.registry import default_space
-from harnessrl.pairing import PairingSchedule
+from harnessrl.pairing import Pair, PairingSchedule
 from harnessrl.policy.base import SamplingParams
 from harnessrl.policy.device import release_freed_memory
 from harnessrl.progress import Progress
@@ -45,7 +45,9 @@ from harnessrl.rl.checkpoint import (
 )
 from harnessrl.rl.config import TrainConfig
 from harnessrl.rl.distributed import DataParallel
+from harnessrl.rl.frontier import FrontierSettings
 from harnessrl.rl.rescue import Rescue
+from harnessrl.rl.sampling import StepSampler, combine_stats
 from harnessrl.rl.schedules import (
     lr_lambda,
     rollout_seed,
@@ -183,9 +185,16 @@ class Trainer:
         self.schedule = PairingSchedule(
             [t.id for t in self.train_tasks], self.design.configs, cfg.tasks_per_step, cfg.k, cfg.pairing, cfg.seed
         )
+        frontier = (FrontierSettings(cfg.frontier_decay, cfg.frontier_prior, cfg.frontier_low, cfg.frontier_high,
+                                     cfg.frontier_explore) if cfg.frontier else None)
+        self.sampler = StepSampler(self.schedule, seed=cfg.seed, frontier=frontier,
+                                   max_rounds=cfg.dynamic_sampling_rounds)
+        if "sampler" in self.state:
+            self.sampler.load_state_dict(self.state["sampler"])
         self.harnesses: dict[str, Harness] = {}
         self._pairs: list[list[str]] = []
         self._groups: list[GroupInfo] = []
+        self._sampling: dict[str, Any] = {}
         self.rescue: Rescue | None = None
         # Black-box: served in-process, so the trainer's weight sync reaches the agents' server.
         self.agent_rollouts = AgentRollouts.of(cfg, self.policy, self.train_tasks, log)
@@ -277,11 +286,9 @@ class Trainer:
 
     # -- one RL step --------------------------------------------------------------------------
     def rollouts(self, step: int) -> tuple[list[Any], list[int], Any]:
-        jobs: list[RolloutJob] = []
         pairs = self.schedule.step(step)
-        self._pairs = [[p.task, p.config.code] for p in pairs]
-        self._groups = []
         if self.agent_rollouts is not None:  # black-box: G agent runs per task (rl/blackbox.py)
+            self._pairs = [[p.task, p.config.code] for p in pairs]
             tasks = [self.task_by_id[p.task] for p in pairs for _ in range(self.cfg.group_size)]
             self._groups = [GroupInfo(g, TaskInfo.of(self.task_by_id[p.task]), self.cfg.rollout_through)
                             for g, p in enumerate(pairs)]
@@ -289,24 +296,41 @@ class Trainer:
             trajectories, agent_stats = self.agent_rollouts.run(tasks, first_run=step * len(tasks))
             trajectories = stamp_weight_version(trajectories, self.policy, version)
             return trajectories, [i // self.cfg.group_size for i in range(len(tasks))], agent_stats
+        # The frontier's round tasks and dynamic sampling's rounds (rl/sampling.py).
+        result = self.sampler.run(step, lambda batch, round_: self.run_pairs(step, batch, round_))
+        self._pairs = [[p.task, p.config.code] for p in result.pairs]
+        self._groups = [GroupInfo(g, TaskInfo.of(self.task_by_id[p.task]), p.config.code)
+                        for g, p in enumerate(result.pairs)]
+        self._sampling = result.metrics
+        trajectories, groups = result.flat()
+        return trajectories, groups, combine_stats(result.stats)
+
+    def run_pairs(self, step: int, pairs: Sequence[Pair], round_: int) -> tuple[list[list[Any]], Any]:
+        """Rolls out G episodes of each pair (sampling round ``round_`` of ``step``); returns
+        them per pair and the engine's stats."""
+        jobs: list[RolloutJob] = []
+        seed = self.cfg.seed if round_ == 0 else self.cfg.seed * 7_919 + round_  # rounds > 0: seeds of their own
         for group, pair in enumerate(pairs):
             code = pair.config.code
-            self._groups.append(GroupInfo(group, TaskInfo.of(self.task_by_id[pair.task]), code))
             members = [code] * self.cfg.group_size
             if self.rescue is not None and self.cfg.rescue == "mixture":
-                members = self.rescue.mixture(code, seed=rollout_seed(self.cfg.seed, step, group))
+                members = self.rescue.mixture(code, seed=rollout_seed(seed, step, group))
             for member, harness in enumerate(members):
                 index = group * self.cfg.group_size + member
                 jobs.append(
                     RolloutJob(
                         self.task_by_id[pair.task], self.harness(harness),
-                        seed=rollout_seed(self.cfg.seed, step, index),
+                        seed=rollout_seed(seed, step, index),
                         tags={"group": group, "slot": pair.slot},
                     )
                 )
         version, groups = self.policy.weight_version, [job.tags["group"] for job in jobs]
         trajectories, stats = self.run_sharded(jobs, groups)
-        return stamp_weight_version(trajectories, self.policy, version), groups, stats
+        trajectories = stamp_weight_version(trajectories, self.policy, version)
+        per_pair: list[list[Any]] = [[] for _ in pairs]
+        for trajectory, group in zip(trajectories, groups, strict=True):
+            per_pair[group].append(trajectory)
+        return per_pair, stats
 
     def run_sharded(self, jobs: list[RolloutJob], keys: list[int]) -> tuple[list[Any], Any]:
         """Runs jobs (under torchrun: job i on rank ``keys[i] mod world size``, gathered on every
@@ -376,6 +400,7 @@ class Trainer:
             "episodes": len(trajectories),
             "errored": stats.errored,
             "trained_samples": len(samples),
+            "trained_tokens": sum(sum(s.loss_mask) for s in samples),
             "format_errors": sum(t.metrics.get("format_errors", 0) for t in trajectories),
             "pairs": self._pairs,
             "lr": self.scheduler.get_last_lr()[0],
@@ -385,6 +410,7 @@ class Trainer:
             "tokens_generated": stats.tokens_generated,
             **(stats.metrics() if self.agent_rollouts is not None else {}),
             **{f"update/{k}": v for k, v in update.items()},
+            **self._sampling,
             **extra,
         }
 
@@ -511,6 +537,8 @@ class Trainer:
     def checkpoint(self, step: int) -> None:
         if self.rescue is not None:
             self.state["rescue"] = self.rescue.state_dict()
+        if self.cfg.frontier or self.cfg.dynamic_sampling_rounds:
+            self.state["sampler"] = self.sampler.state_dict()
         tokenizer = getattr(self.policy, "hf_tokenizer", None)
         extra = {"value_head": self.value_head} if self.value_head is not None else None
         model_state = optimizer_state = None

@@ -315,11 +315,11 @@ def write_experiment_report(out_dir: str | Path) -> Path:
     from harnessrl.eval.behaviour import BEHAVIOURS
     from harnessrl.eval.report import (
         Doc,
+        curve_keys,
         eval_sections,
         make_decoder,
         pct,
         plot_distance,
-        curve_keys,
         plot_learning_curves,
         plot_level_heatmap,
         pyplot,

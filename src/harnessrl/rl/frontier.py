@@ -80,7 +80,7 @@ class TaskFrontier:
         available = [task for task in self.task_ids if task not in excluded]
         chosen: list[str] = []
         unseen = [task for task in available if self.seen[task] == 0]
-        n_explore = min(len(unseen), int(round(self.settings.explore * n)))
+        n_explore = min(len(unseen), round(self.settings.explore * n))
         if n_explore:
             chosen += [unseen[i] for i in rng.choice(len(unseen), size=n_explore, replace=False)]
         frontier = [task for task in available if task not in chosen and self.on_frontier(task)]

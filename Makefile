@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test lint bench clean system-deps verl-venv test-verl vllm-env experiment-cpu
+.PHONY: setup run test lint bench clean system-deps verl-venv test-verl vllm-env experiment-cpu experiment-learn
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -85,6 +85,11 @@ run: setup
 # which otherwise grow a long training process by several GB.
 experiment-cpu: setup
 	MALLOC_ARENA_MAX=2 $(VENV)/bin/harnessrl experiment configs/cpu_ablation.yaml --out experiments/cpu-ablation --jobs 2
+
+# RL that learns: the SFT-only control against 30 GRPO steps with the task frontier and dynamic
+# sampling, two seeds side by side (configs/cpu_learn.yaml; results in docs/results.md).
+experiment-learn: setup
+	MALLOC_ARENA_MAX=2 $(VENV)/bin/harnessrl experiment configs/cpu_learn.yaml --out experiments/cpu-learn --jobs 2
 
 # pytest exits 5 when it collects nothing: that is a broken suite, not a pass.
 test: setup vllm-env

@@ -161,6 +161,9 @@ class StepSampler:
             "sampling/extra_rollouts": extra_rollouts,
             "sampling/first_pass_reward": float(np.mean([t.reward for g in first for t in g])) if first else 0.0,
             "sampling/first_pass_valid_group_ratio": sum(has_signal(g) for g in first) / len(first) if first else 0.0,
+            # per first-pass group: its task and mean reward (learning curves bootstrap over tasks)
+            "sampling/first_pass_groups": [[p.task, round(float(np.mean([t.reward for t in g])), 6)]
+                                           for p, g in zip(pairs, first, strict=True) if g],
         }
         if self.frontier is not None:
             out.metrics.update(self.frontier.metrics())

@@ -278,7 +278,23 @@ def test_shared_warm_start_sft_only_control_and_paired_tests(tmp_path, tiny_mode
             assert cell["wins"] + cell["losses"] + cell["ties"] == cell["units"]
             assert 0.0 <= cell["sign_test_p"] <= 1.0
         assert paired["in_space"]["difference"] == pytest.approx(arms[name]["in_space"] - arms["single"]["in_space"])
+    def movement(model_dir, start_dir):  # over the parameters (the tied embedding once), in float64
+        moved = dict(transformers.AutoModelForCausalLM.from_pretrained(model_dir).named_parameters())
+        start = dict(transformers.AutoModelForCausalLM.from_pretrained(start_dir).named_parameters())
+        diff = sum(float(((moved[n].double() - p.double()) ** 2).sum()) for n, p in start.items())
+        return (diff / sum(float((p.double() ** 2).sum()) for p in start.values())) ** 0.5
+
+    assert arms["sft-only"]["learning"] is None
+    for name in ("single", "oa"):
+        for entry in arms[name]["learning"]:
+            warm = warm_start_model(out, entry["seed"])
+            final = latest_checkpoint(out / "arms" / f"{name}-seed{entry['seed']}") / "model"
+            assert entry["moved"] == pytest.approx(movement(final, warm), rel=1e-4, abs=1e-12)  # 0 for a dead step
+            assert entry["warm_start_moved"] == pytest.approx(movement(warm, tiny_model), rel=1e-4)
+            assert entry["warm_start_moved"] > 0
+            assert entry["reward"] is None  # one RL step: no first and last quarter
     table = (out / "comparison.md").read_text()
+    assert "What RL taught each run" in table
     assert "Paired against single" in table and "| sft-only | SFT-only control |" in table
     assert "shared SFT warm start per seed (1 steps on 1 demonstrations under the orthogonal design)" in table
     assert "model each seed's warm start (warm-start/seed<S>/)" in table and "seed5/checkpoints" not in table

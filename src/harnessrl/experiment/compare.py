@@ -119,6 +119,7 @@ def compare(out_dir: str | Path) -> dict[str, Any]:
              unit_scores(pooled, groups, "out_of_space") + unit_scores(pooled, groups, "external")])) if pooled else None
         row["behaviour"] = {name: cell["rate"] for name, cell in pooled_scores.get("behaviour", {}).get("overall", {}).items()}
         row["wall_time_s"] = sum(m.get("wall_time_s", 0.0) for m in markers)
+        row["learning"] = None if arm.get("control") else [learned(out, arm["name"], m) for m in markers]
         rows[arm["name"]] = row
     reference = spec.get("reference") or spec["arms"][0]["name"]
     ref = rows.get(reference)
@@ -147,6 +148,47 @@ def compare(out_dir: str | Path) -> dict[str, Any]:
     write_json_atomic(out / "comparison.json", result)
     (out / "comparison.md").write_text(comparison_markdown(result), encoding="utf-8")
     return result
+
+
+def learned(out: Path, arm: str, marker: dict[str, Any]) -> dict[str, Any]:
+    """Returns what RL taught one (arm, seed): the first-pass reward's change from the first
+    quarter of steps to the last (with its interval over tasks), and the weights' relative
+    movement from the model it started from, beside the warm start's own from the base model."""
+    from harnessrl.eval.report import read_jsonl_records
+    from harnessrl.experiment.learning import final_model_dir, relative_movement, reward_gain
+    from harnessrl.experiment.spec import warm_start_dir, warm_start_model
+
+    run = out / "arms" / f"{arm}-seed{marker['seed']}"
+    warm = warm_start_dir(out, marker["seed"]) / "warm_start.json"
+    final = final_model_dir(run)
+    start = warm_start_model(out, marker["seed"]) if warm.exists() else Path(marker["config"]["model"] or "")
+    row: dict[str, Any] = {"seed": marker["seed"], "reward": reward_gain(read_jsonl_records(run / "metrics.jsonl")),
+                           "moved": relative_movement(final, start) if final and start.is_dir() else None,
+                           "warm_start_moved": None}
+    if warm.exists() and start.is_dir():  # the shared warm start against the model it started from
+        from harnessrl.policy.embedded import resolve_model_path
+
+        base = json.loads(warm.read_text(encoding="utf-8"))["config"].get("model")
+        row["warm_start_moved"] = relative_movement(start, resolve_model_path(base))
+    return row
+
+
+def learning_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Returns the table of what RL taught each (RL arm, seed): the mean first-pass reward of
+    the first and last quarter of steps, their difference with its 95% interval over tasks,
+    and the relative weight movement under RL against the warm start's."""
+    headers = ["arm", "seed", "RL steps (per quarter)", "first-pass reward, first quarter", "last quarter",
+               "difference [95% CI over tasks]", "||W - W_start|| / ||W_start|| (RL)", "(warm start, from the base)"]
+    rows = []
+    for r in result["arms"]:
+        for entry in r.get("learning") or []:
+            gain = entry.get("reward")
+            cells = ["-"] * 4 if gain is None else [
+                f"{gain['steps']} ({gain['steps_per_part']})", f"{gain['first']:.3f}", f"{gain['last']:.3f}",
+                f"{gain['gain']:+.3f} [{gain['ci'][0]:+.3f}, {gain['ci'][1]:+.3f}]"]
+            rows.append([r["arm"], entry["seed"], *cells,
+                         *[f"{entry[k]:.2e}" if entry.get(k) is not None else "-" for k in ("moved", "warm_start_moved")]])
+    return headers, rows
 
 
 def _mean(values: list[Any]) -> float | None:
@@ -272,6 +314,12 @@ def comparison_markdown(result: dict[str, Any]) -> str:
                   "(difference in Pass@1 points; paired bootstrap interval; exact sign test):", "",
                   "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
         lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    headers, rows = learning_rows(result)
+    if rows:
+        lines += ["", "What RL taught each run (first-pass training reward of the first and last quarter of "
+                  "its steps; the weights' relative movement under RL and the warm start's):", "",
+                  "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+        lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     if result["missing"]:
         lines += ["", f"Not finished yet: {', '.join(result['missing'])}."]
     return "\n".join(lines) + "\n"
@@ -341,6 +389,13 @@ def write_experiment_report(out_dir: str | Path) -> Path:
         doc.heading(f"Paired against {result['reference']}")
         doc.para("Difference in Pass@1 points on the same (seed, task, harness) units, its paired bootstrap "
                  "interval, units won / lost, and the exact sign test.")
+        doc.table(headers, rows)
+    headers, rows = learning_rows(result)
+    if rows:
+        doc.heading("What RL taught")
+        doc.para("First-pass training reward of the first and last quarter of each run's RL steps (mean over "
+                 "tasks; interval: bootstrap over tasks), and the weights' relative movement under RL against "
+                 "the warm start's from the base model.")
         doc.table(headers, rows)
     if result["missing"]:
         doc.para(f"Not finished yet: {', '.join(result['missing'])}.")

@@ -1,0 +1,85 @@
+"""What RL taught one run: the change of its first-pass training reward from the first quarter
+of its steps to the last (with an interval over tasks), and how far its updates moved the
+weights relative to the model they started from."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+GROUPS_KEY = "sampling/first_pass_groups"  # per step: [[task, mean reward], ...] of the first pass
+
+
+def _task_means(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Returns each task's mean first-pass reward over the groups of ``records``."""
+    rewards: dict[str, list[float]] = {}
+    for record in records:
+        for task, reward in record.get(GROUPS_KEY) or []:
+            rewards.setdefault(task, []).append(float(reward))
+    return {task: float(np.mean(values)) for task, values in rewards.items()}
+
+
+def reward_gain(records: list[dict[str, Any]], share: float = 0.25, n_boot: int = 2000,
+                seed: int = 0) -> dict[str, Any] | None:
+    """Returns the mean first-pass reward of the last ``share`` of a run's RL steps minus that
+    of the first ``share``, each a mean over tasks of the task's mean reward there, with the
+    95% percentile bootstrap interval that resamples the tasks of each part independently (a
+    task seen in both parts is resampled in each). None when the records carry no groups
+    (runs written before the groups were logged, or fewer than 2 steps).
+
+    The tasks of both parts come from one definition (the sampler's first pass: the frontier's
+    draws when it is on), so the difference is the policy's, not a change of what is measured;
+    with the frontier on, the drawn tasks move toward pass rate 1/2 as estimates settle, which
+    this difference does not correct for (the held-out curve is the measure free of it)."""
+    steps = sorted({r["step"] for r in records if r.get(GROUPS_KEY)})
+    if len(steps) < 2:
+        return None
+    n = max(1, math.floor(len(steps) * share))
+    first = _task_means([r for r in records if r.get("step") in set(steps[:n])])
+    last = _task_means([r for r in records if r.get("step") in set(steps[-n:])])
+    a, b = np.asarray(list(first.values())), np.asarray(list(last.values()))
+    rng = np.random.default_rng(seed)
+    draws = (rng.choice(b, size=(n_boot, b.size)).mean(axis=1) - rng.choice(a, size=(n_boot, a.size)).mean(axis=1))
+    return {"steps": len(steps), "steps_per_part": n, "first": float(a.mean()), "last": float(b.mean()),
+            "gain": float(b.mean() - a.mean()), "ci": [float(np.quantile(draws, 0.025)), float(np.quantile(draws, 0.975))],
+            "tasks_first": int(a.size), "tasks_last": int(b.size)}
+
+
+def _weights(model_dir: Path) -> dict[str, Any] | None:
+    """Returns the float32 tensors of a full model folder (None for an adapter or a folder
+    without safetensors weights)."""
+    from safetensors.torch import load_file
+
+    files = sorted(model_dir.glob("model*.safetensors"))
+    if not files:
+        return None
+    tensors: dict[str, Any] = {}
+    for path in files:
+        tensors.update({name: t.float() for name, t in load_file(str(path)).items()})
+    return tensors
+
+
+def relative_movement(model_dir: str | Path, start_dir: str | Path) -> float | None:
+    """Returns ||W - W_start|| / ||W_start|| over every tensor the two full models share
+    (Frobenius norms of all weights together; a tied embedding counted once), or None when
+    either folder holds no full weights (a LoRA checkpoint: its movement is in the adapter)."""
+    import torch
+
+    moved, start = _weights(Path(model_dir)), _weights(Path(start_dir))
+    if moved is None or start is None:
+        return None
+    shared = sorted(set(moved) & set(start))
+    if not shared:
+        return None
+    diff = sum(float(torch.sum((moved[name] - start[name]) ** 2)) for name in shared)
+    norm = sum(float(torch.sum(start[name] ** 2)) for name in shared)
+    return math.sqrt(diff / norm) if norm else None
+
+
+def final_model_dir(run_dir: str | Path) -> Path | None:
+    """Returns the model folder of a run's latest checkpoint, or None."""
+    checkpoints = sorted((Path(run_dir) / "checkpoints").glob("step-*/model"))
+    return checkpoints[-1] if checkpoints else None

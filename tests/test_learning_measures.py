@@ -1,0 +1,62 @@
+"""What RL taught a run: the training-reward change between the first and last quarter of its
+steps (interval over tasks) and the weights' relative movement, on scripted inputs."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from harnessrl.experiment.learning import GROUPS_KEY, relative_movement, reward_gain
+
+
+def record(step, groups):
+    return {"step": step, GROUPS_KEY: [[task, reward] for task, reward in groups]}
+
+
+def test_reward_gain_compares_the_first_and_last_quarter_task_by_task():
+    # 8 steps: quarters are steps 1-2 and 7-8; task a appears twice in the first quarter
+    records = [record(1, [("a", 0.0), ("b", 0.25)]), record(2, [("a", 0.5), ("c", 0.0)])]
+    records += [record(s, [("x", 1.0), ("y", 0.0)]) for s in range(3, 7)]  # the middle does not count
+    records += [record(7, [("d", 0.75), ("e", 1.0)]), record(8, [("d", 0.25), ("f", 0.5)])]
+    records.append({"step": 9})  # a record without groups (a step written before they were logged)
+    gain = reward_gain(records)
+    first = np.mean([np.mean([0.0, 0.5]), 0.25, 0.0])  # a's two groups average first: the mean is over tasks
+    last = np.mean([np.mean([0.75, 0.25]), 1.0, 0.5])
+    assert gain["steps"] == 8 and gain["steps_per_part"] == 2
+    assert gain["tasks_first"] == 3 and gain["tasks_last"] == 3
+    assert gain["first"] == pytest.approx(first) and gain["last"] == pytest.approx(last)
+    assert gain["gain"] == pytest.approx(last - first)
+    low, high = gain["ci"]
+    assert low < gain["gain"] < high and low > 0  # every resample of these tasks has the last above the first
+    assert reward_gain(list(reversed(records)))["gain"] == pytest.approx(gain["gain"])  # order of records is not time
+
+
+def test_reward_gain_is_none_without_groups_and_its_interval_covers_zero_for_noise():
+    assert reward_gain([{"step": 1}, {"step": 2}]) is None
+    assert reward_gain([record(1, [("a", 1.0)])]) is None  # one step has no first and last part
+    rng = np.random.default_rng(0)
+    records = [record(s, [(f"t{s}-{i}", float(rng.integers(0, 2))) for i in range(4)]) for s in range(1, 41)]
+    low, high = reward_gain(records)["ci"]
+    assert low < 0 < high  # coin flips: no learning to find
+
+
+def write_model(folder, tensors):
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+def test_relative_movement_is_the_norm_of_the_change_over_all_weights(tmp_path):
+    start = {"a": torch.tensor([[3.0, 0.0], [0.0, 4.0]]), "b": torch.zeros(3, dtype=torch.bfloat16)}
+    moved = {"a": torch.tensor([[3.0, 1.0], [0.0, 4.0]]), "b": torch.tensor([0.0, 2.0, 0.0], dtype=torch.bfloat16),
+             "only_here": torch.ones(5)}
+    value = relative_movement(write_model(tmp_path / "moved", moved), write_model(tmp_path / "start", start))
+    assert value == pytest.approx(math.sqrt(1.0 + 4.0) / 5.0)  # sqrt(1^2 + 2^2) / ||(3, 4)||
+    assert relative_movement(tmp_path / "start", tmp_path / "start") == 0.0
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    save_file({"lora_A": torch.ones(2, 2)}, str(adapter / "adapter_model.safetensors"))
+    assert relative_movement(adapter, tmp_path / "start") is None  # a LoRA checkpoint: its movement is elsewhere

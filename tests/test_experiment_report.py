@@ -135,6 +135,22 @@ def test_the_paper_and_cpu_experiments_load_with_the_papers_arms():
     assert cpu.eval.held_out * cpu.eval.tasks >= 48 and 2 * cpu.eval.tasks >= 24  # episodes per arm and seed
 
 
+def test_the_learning_experiment_runs_the_frontier_against_the_sft_only_control(tmp_path):
+    from harnessrl.experiment.spec import arm_config, executor_rollouts_bound
+
+    learn = load_experiment(CONFIGS / "cpu_learn.yaml")
+    arms = {a.name: a for a in learn.arms}
+    assert arms["sft-only"].control == "sft-only" and learn.reference == "sft-only" and len(learn.seeds) == 2
+    cfg = arm_config(learn, arms["rl-frontier"], learn.seeds[0], tmp_path)
+    assert cfg.frontier and cfg.dynamic_sampling_rounds >= 1 and cfg.steps >= 30 and cfg.k == 2
+    assert cfg.model == str(tmp_path / "warm-start" / "seed0" / "checkpoints" / "step-000000" / "model")
+    assert learn.eval.held_out * learn.eval.tasks >= 96  # paired in-space units per seed
+    assert cfg.eval_every == learn.eval.curve_every > 0 and cfg.eval_base  # the learning curve's points
+    bound = executor_rollouts_bound(cfg)
+    assert bound["first_pass"] == cfg.steps * cfg.tasks_per_step * cfg.group_size
+    assert bound["sampling_at_most"] == bound["first_pass"] * cfg.dynamic_sampling_rounds and bound["rescue_at_most"] == 0
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("name: t\narms: [ {name: a, design: single", "not valid YAML"),
     (GOOD.replace("k: 2}", "k: 2, steps: 5}"), r"(?s)arms\.0\.steps: unknown arm field.*budget fields go in base"),

@@ -77,7 +77,8 @@ def run_experiment_cli(args: argparse.Namespace) -> int:
                 rescue += f"; through {cfg.rollout_through} ({cfg.objective}{source})"
             print(f"  {arm_id(arm, spec.seeds[0]).rsplit('-seed', 1)[0]:<22} design {cfg.design:<12} "
                   f"pairing {cfg.pairing:<10} K={cfg.k}  {rescue}; executor rollouts: {bound['first_pass']} first "
-                  f"pass + at most {bound['rescue_at_most']} rescue + {bound['validation']} paired validation")
+                  f"pass + at most {bound['sampling_at_most']} dynamic sampling + at most {bound['rescue_at_most']} "
+                  f"rescue + {bound['validation']} paired validation")
         return 0
 
     def log(message: str) -> None:

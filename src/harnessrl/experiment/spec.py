@@ -245,9 +245,11 @@ COST_FIELDS = ("tokens_prompt", "tokens_generated", "tokens_side", "trained_toke
 
 def executor_rollouts_bound(cfg: TrainConfig) -> dict[str, int]:
     """Returns an arm's executor rollouts before it runs: the first pass (steps x tasks x G, as
-    plain GRPO), the most rescue can add (K per group, when every group dies), and the paired
-    validation of sibling rescue with validation routing (harnesses x tasks per anchor)."""
+    plain GRPO), the most dynamic sampling can add (every group redrawn in every round), the
+    most rescue can add (K per group, when every group dies), and the paired validation of
+    sibling rescue with validation routing (harnesses x tasks per anchor)."""
     first_pass = cfg.steps * cfg.tasks_per_step * cfg.group_size
+    sampling_max = first_pass * cfg.dynamic_sampling_rounds
     rescue_max = cfg.steps * cfg.tasks_per_step * cfg.rescue_k if cfg.rescue in ("siblings", "h0") else 0
     validation = 0
     if cfg.rescue == "siblings" and cfg.router in ("validation", "profile"):
@@ -263,7 +265,8 @@ def executor_rollouts_bound(cfg: TrainConfig) -> dict[str, int]:
         harnesses = set(rescue.validation_harnesses())
         anchors = 1 + (cfg.steps // cfg.reanchor_every if cfg.reanchor_every else 0)
         validation = anchors * len(harnesses) * cfg.rescue_validation_tasks
-    return {"first_pass": first_pass, "rescue_at_most": rescue_max, "validation": validation}
+    return {"first_pass": first_pass, "sampling_at_most": sampling_max, "rescue_at_most": rescue_max,
+            "validation": validation}
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

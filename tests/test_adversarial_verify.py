@@ -10,7 +10,9 @@ docs/security.md ("What a check may load") states the rule these tests hold the 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +26,7 @@ from harnessrl.tasks import (
     AnyOf,
     CommandExit,
     IsExecutable,
+    PytestPasses,
     SqliteQuery,
     Task,
     prepare_workspace,
@@ -156,3 +159,54 @@ def test_a_shadowing_json_module_does_not_forge_sqlite_or_file_kind_checks(sandb
     verdict = _verdict(sandbox, verifier, setup=setup)
     assert not verdict.passed, verdict.explain()
     assert [r.detail for r in verdict.results] == ["got [[1]]", "missing"], verdict.explain()
+
+
+# --- workspace shapes on the way to a protected file ----------------------------------------
+
+CALC_TEST = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+SHAPES = {
+    "symlink-out": "rm -rf tests && ln -s /tmp tests",
+    "symlink-in": "rm -rf tests && mkdir elsewhere && ln -s elsewhere tests",
+    "dangling-symlink": "rm -rf tests && ln -s nowhere tests",
+    "file": "rm -rf tests && echo hi > tests",
+    "fifo": "rm -rf tests && mkfifo tests",
+    "folder-at-the-file": "rm -rf tests && mkdir -p tests/test_calc.py && chmod 000 tests/test_calc.py",
+    "unreadable-folder": "rm -rf tests && mkdir tests && chmod 000 tests",
+    "unwritable-root": "chmod 555 .",
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_any_shape_of_the_tests_path_leaves_the_decision_to_the_real_test(sandbox, shape: str) -> None:
+    task = _task(PytestPasses("tests/test_calc.py"), {"tests/test_calc.py": CALC_TEST})
+    for source, solved in (("def add(a, b):\n    return a - b\n", False),
+                           ("def add(a, b):\n    return a + b\n", True)):
+        sandbox.restart()
+        sandbox.exec("chmod -R u+rwx . 2>/dev/null; rm -rf -- * 2>/dev/null; true")
+        prepare_workspace(task, sandbox)
+        sandbox.write_file("calc.py", source)
+        assert sandbox.exec(SHAPES[shape]).ok
+        verdict = verify_task(task, sandbox)  # never raises
+        assert verdict.passed == solved, (shape, verdict.explain())
+        assert verdict.results[0].name == "pytest_passes(tests/test_calc.py)", verdict.explain()
+        assert sandbox.read_file("tests/test_calc.py") == CALC_TEST
+
+
+def test_a_protected_path_that_cannot_be_cleared_is_a_failed_check_with_a_reason(sandbox) -> None:
+    """A file where a folder of the protected path should be, inside a folder the sandbox user
+    cannot write (here made by the host as another owner; as a normal user the sandbox's
+    root owns everything and clears it, so the real test decides)."""
+    task = _task(PytestPasses("locked/tests/test_calc.py"), {"locked/tests/test_calc.py": CALC_TEST})
+    prepare_workspace(task, sandbox)
+    sandbox.write_file("calc.py", "def add(a, b):\n    return a + b\n")
+    locked = Path(sandbox.workspace.root) / "locked"
+    locked.mkdir()
+    (locked / "tests").write_text("not a folder\n")
+    os.chmod(locked, 0o755)
+    verdict = verify_task(task, sandbox)  # never raises
+    if os.geteuid() == 0:  # the sandbox user (nobody) cannot remove root's locked/tests
+        assert not verdict.passed
+        assert verdict.results[0].name == "verification", verdict.explain()
+        assert "protected file 'locked/tests/test_calc.py' could not be laid in" in verdict.results[0].detail
+    else:
+        assert verdict.passed, verdict.explain()

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from harnessrl.harness.base import SPAN_FORMAT, SPAN_POLICY, Message
+from harnessrl.harness.base import SPAN_FORMAT, SPAN_POLICY, Message, encodable
 
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 
@@ -77,7 +77,7 @@ class ChatTokenizer(ABC):
             out.extend(ids, SPAN_POLICY if message.span == SPAN_POLICY else message.span)
             out.extend(self.footer()[1:] if ended and ids[-1] == self.im_end_id else self.footer(), SPAN_FORMAT)
             return
-        out.extend(self._encode_cached(message.content), message.span)
+        out.extend(self._encode_cached(encodable(message.content)), message.span)
         out.extend(self.footer(), SPAN_FORMAT)
 
     def _encode_cached(self, text: str) -> list[int]:

@@ -18,6 +18,7 @@ from harnessrl.rollout.episode import Episode, run_episode
 from harnessrl.sandbox import open_sandbox
 from harnessrl.tasks import Action, AllOf, AnswerEquals, FileEquals, Task
 from harnessrl.tasks.suite import load_suite
+from harnessrl.trajectory import iter_jsonl, save_jsonl
 
 GOLDEN = Path(__file__).parent / "golden"
 SUITE = load_suite("workspace")
@@ -239,3 +240,25 @@ def test_engine_keeps_concurrent_episodes_in_one_batch():
     # Every episode waits for the model at the same time on its first turn.
     assert policy.batch_sizes[0] == 6
     assert stats.generation_calls == len(policy.batch_sizes) and sum(policy.batch_sizes) == sum(len(t.turns) for t in trajectories)
+
+
+def test_non_utf8_file_names_and_output_do_not_end_the_episode(tmp_path):
+    """A file whose name is not UTF-8 reaches W2's review listing (and the tools' output) as
+    undecodable bytes: the episode still tokenizes them, is verified and can be saved."""
+    task = Task(
+        id="non-utf8-names",
+        instruction="Create a file named hello.txt containing the word hello.",
+        verifier=FileEquals("hello.txt", "hello"),
+        gold=[Action.run("printf x > $'\\xff\\xfe.txt'; mkdir $'d\\xe9'; printf 'a\\xffb\\n'; ls"),
+              Action.write("hello.txt", "hello\n"), Action.submit("")],
+    )
+    names = [c for c in orthogonal(default_space()).codes if c.endswith("W2")]
+    jobs = [RolloutJob(task, Harness.named(name, BYTE_LIMITS), seed=1) for name in names]
+    trajectories, stats = RolloutEngine(OraclePolicy(), max_concurrent=3, env_workers=2).run(jobs)
+    assert [(t.status, t.reward) for t in trajectories] == [("submitted", 1.0)] * len(names), [
+        (t.config, t.status, t.error) for t in trajectories]
+    assert stats.errored == 0
+    reviews = [turn.observation for t in trajectories for turn in t.turns if "Review before" in turn.observation]
+    assert reviews and all("\ufffd" in review for review in reviews)
+    save_jsonl(trajectories, tmp_path / "out.jsonl")
+    assert len(list(iter_jsonl(tmp_path / "out.jsonl"))) == len(names)

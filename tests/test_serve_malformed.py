@@ -122,3 +122,30 @@ def test_messages_without_max_tokens_is_refused(server):
 ])
 def test_mistyped_fields_get_a_400(server, path, body, field):
     assert_refused(post(server, path, body), path, field)
+
+
+# Raw JSON text: Python's json reads NaN, Infinity and 1e400 (infinite) as floats.
+ABSURD_NUMBERS = ["NaN", "Infinity", "-Infinity", "1e400", "-1e400", str(2**63), str(2**64), "1e30"]
+TOKEN_LIMITS = [(CHAT, "max_tokens", '"messages": [{"role": "user", "content": "x"}]'),
+                (CHAT, "max_completion_tokens", '"messages": [{"role": "user", "content": "x"}]'),
+                (RESPONSES, "max_output_tokens", '"input": "x"'),
+                (MESSAGES, "max_tokens", '"messages": [{"role": "user", "content": "x"}]')]
+
+
+@pytest.mark.parametrize(("path", "field", "rest"), TOKEN_LIMITS)
+@pytest.mark.parametrize("number", ABSURD_NUMBERS)
+def test_non_finite_or_absurd_output_limits_get_a_400_naming_the_field(server, path, field, rest, number):
+    assert_refused(post(server, path, f'{{"{field}": {number}, {rest}}}'), path, field)
+    assert post(server, path, f'{{"{field}": 3, {rest}}}').status_code == 200
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    (CHAT, '{"seed": NaN, "messages": [{"role": "user", "content": "x"}]}', "seed"),
+    (CHAT, f'{{"seed": {2**70}, "messages": [{{"role": "user", "content": "x"}}]}}', "seed"),
+    (CHAT, '{"n": Infinity, "messages": [{"role": "user", "content": "x"}]}', "n"),
+    (CHAT, '{"temperature": NaN, "messages": [{"role": "user", "content": "x"}]}', "temperature"),
+    (CHAT, '{"top_p": Infinity, "messages": [{"role": "user", "content": "x"}]}', "top_p"),
+    (MESSAGES, '{"max_tokens": 5, "top_k": 1e400, "messages": [{"role": "user", "content": "x"}]}', "top_k"),
+])
+def test_other_non_finite_or_absurd_numbers_get_a_400_naming_the_field(server, path, body, field):
+    assert_refused(post(server, path, body), path, field)

@@ -42,8 +42,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--context-tokens", type=int, default=None, help="context window (default: the model's)")
     p.add_argument("--max-batch-size", type=int, default=64, help="requests per policy batch")
     p.add_argument("--seed", type=int, default=0, help="seed for scripted policies")
-    p.add_argument("--max-request-bytes", type=int, default=MAX_REQUEST_BYTES,
-                   help="larger request bodies get a 413 before they are read (default: %(default)s)")
+    p.add_argument("--max-request-bytes", type=int, default=None,
+                   help="larger request bodies get a 413 before they are read (default: what the served "
+                   f"context can hold, at most {MAX_REQUEST_BYTES})")
     p.add_argument("--body-timeout", type=float, default=BODY_TIMEOUT_S,
                    help="seconds a request body may take to arrive, else a 408 (default: %(default)s)")
     p.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT_S,
@@ -109,7 +110,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     for flag, value in (("--max-request-bytes", args.max_request_bytes), ("--body-timeout", args.body_timeout),
                         ("--header-timeout", args.header_timeout)):
-        if not value > 0:
+        if value is not None and not value > 0:
             raise ValueError(f"{flag} must be positive, got {value}")
     api_key = args.api_key or os.environ.get(API_KEY_VARIABLE) or None
     policy = load_policy(args)

@@ -287,3 +287,16 @@ class EpisodeHooks:
     def before_call(self, call: ToolCall, state: EpisodeState) -> CallVerdict:
         """Returns whether a parsed call may run, and hints to show after it."""
         return CallVerdict()
+
+
+def encodable(text: str) -> str:
+    """Returns ``text`` with what UTF-8 cannot encode (lone surrogates from undecodable file
+    bytes or JSON escapes) replaced, so an observation can always be tokenized."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        try:  # bytes read with surrogateescape come back as U+FFFD, like a UTF-8 terminal shows
+            return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        except UnicodeEncodeError:
+            return text.encode("utf-8", "replace").decode("utf-8")
+    return text

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from harnessrl.harness.base import SPAN_FORMAT, SPAN_POLICY, Message
+from harnessrl.harness.base import SPAN_FORMAT, SPAN_POLICY, Message, encodable
 
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 
@@ -61,6 +61,11 @@ class ChatTokenizer(ABC):
     def count_tokens(self, text: str) -> int:
         return len(self._encode_cached(text))
 
+    def max_token_bytes(self) -> int | None:
+        """Returns an upper bound on the UTF-8 bytes of text one token of ``encode`` stands
+        for, so that text of C characters is at least C / bound tokens; None when unknown."""
+        return None
+
     def header(self, role: str) -> list[int]:
         return [self.im_start_id, *self.encode(f"{role}\n")]
 
@@ -77,7 +82,7 @@ class ChatTokenizer(ABC):
             out.extend(ids, SPAN_POLICY if message.span == SPAN_POLICY else message.span)
             out.extend(self.footer()[1:] if ended and ids[-1] == self.im_end_id else self.footer(), SPAN_FORMAT)
             return
-        out.extend(self._encode_cached(message.content), message.span)
+        out.extend(self._encode_cached(encodable(message.content)), message.span)
         out.extend(self.footer(), SPAN_FORMAT)
 
     def _encode_cached(self, text: str) -> list[int]:
@@ -123,6 +128,9 @@ class ByteTokenizer(ChatTokenizer):
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
+    def max_token_bytes(self) -> int | None:
+        return 1
+
     def decode(self, ids: Sequence[int]) -> str:
         out, buffer = [], bytearray()
         for i in ids:
@@ -155,6 +163,20 @@ class HFChatTokenizer(ChatTokenizer):
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))  # type: ignore[attr-defined]
+
+    def max_token_bytes(self) -> int | None:
+        """The longest token's text in UTF-8 bytes (a byte-level token's symbols take 1-2
+        bytes each for 1 byte of text: an over-estimate, so the bound holds); None for a
+        tokenizer whose normalizer may do more than compose characters (NFC, NFKC)."""
+        if not hasattr(self, "_max_token_bytes"):
+            backend = getattr(self.tokenizer, "backend_tokenizer", None)
+            normalizer = getattr(backend, "normalizer", "unknown")
+            bound = None
+            if backend is not None and (normalizer is None or type(normalizer).__name__ in ("NFC", "NFKC")):
+                tokens = self.tokenizer.convert_ids_to_tokens(list(range(self.vocab_size)))  # type: ignore[attr-defined]
+                bound = max((len(str(t).encode("utf-8", "surrogatepass")) for t in tokens if t is not None), default=None)
+            self._max_token_bytes = bound
+        return self._max_token_bytes
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(

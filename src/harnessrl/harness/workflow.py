@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
-from harnessrl.harness.base import EpisodeState, SubmitDecision, ToolOutput, Workflow
+from harnessrl.harness.base import EpisodeState, SubmitDecision, ToolOutput, Workflow, encodable
 from harnessrl.harness.registry import register
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ class VerifyAndRetry(Workflow):
         answer = state.answer if state.answer else "(no answer text)"
         return SubmitDecision(
             done=False,
-            message=(
+            message=encodable(
                 "Review before finishing.\n"
                 f"Files you changed with file tools: {', '.join(changed) if changed else 'none recorded'}\n"
                 f"Workspace now contains: {listing}\n"

@@ -9,8 +9,9 @@ from its own random generator.
 Conventions (what the trainer relies on):
 
 * **Log-probabilities** are ``log_softmax(logits / temperature)`` at the sampled token, in
-  float32, with the temperature of the request. Temperature 0 means greedy decoding
-  (argmax) and its log-probabilities are ``log_softmax(logits)`` of the raw logits.
+  float32, with the temperature of the request. Temperature 0 (or below
+  ``sampling.GREEDY_TEMPERATURE``, 1e-5) means greedy decoding (argmax) and its
+  log-probabilities are ``log_softmax(logits)`` of the raw logits.
   ``top_p`` filters the distribution tokens are *drawn* from (nucleus sampling); the
   reported log-probability is still that of the unfiltered tempered distribution.
   ``score`` uses the same convention, so ``score(prompt, sampled)`` reproduces the
@@ -97,7 +98,7 @@ from harnessrl.policy.embedded import resolve_model_path
 from harnessrl.policy.kv_slab import GROUPED_SDPA, KVSlab, row_groups
 from harnessrl.policy.packed_linear import PackedLinears, onednn_linear_available
 from harnessrl.policy.prefix_cache import PrefixCache, PrefixCacheStats
-from harnessrl.policy.sampling import sample_index, top_p_filter
+from harnessrl.policy.sampling import effective_temperature, sample_index, top_p_filter
 
 # Models are local folders only; make sure no library reaches for a hub. Set before
 # transformers (imported below) loads huggingface_hub, which reads it at import.
@@ -308,6 +309,7 @@ class HFPolicy(WeightSyncedPolicy):
             return []
         if temperature < 0 or not math.isfinite(temperature):
             raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+        temperature = effective_temperature(temperature)
         total = len(prompt_ids) + len(completion_ids)
         if self.context_length is not None and total > self.context_length:
             raise ValueError(
@@ -358,15 +360,14 @@ class HFPolicy(WeightSyncedPolicy):
     ) -> tuple[list[int], list[float]]:
         """Returns one sampled token per row of ``logits`` (float32, [rows, vocab]) and its
         log-probability; each row draws from its own generator."""
+        used = [effective_temperature(p.temperature) for p in params]  # 0: greedy
         temperatures = torch.tensor(
-            [p.temperature if p.temperature > 0 else 1.0 for p in params],
-            device=logits.device,
-            dtype=logits.dtype,
+            [t if t > 0 else 1.0 for t in used], device=logits.device, dtype=logits.dtype
         )
         logprobs = torch.log_softmax(logits / temperatures[:, None], dim=-1)
         chosen: list[torch.Tensor] = []
         for row, (row_params, generator) in enumerate(zip(params, generators, strict=True)):
-            if row_params.temperature == 0:
+            if used[row] == 0:
                 chosen.append(torch.argmax(logprobs[row]).reshape(1))
                 continue
             probs = top_p_filter(logprobs[row].exp(), row_params.top_p)

@@ -24,14 +24,21 @@ from harnessrl.sandbox.api import (
 )
 from harnessrl.sandbox.backends import available_backends, open_sandbox
 from harnessrl.sandbox.base import Sandbox
-from harnessrl.sandbox.isolation import others_can_search, sandbox_env
+from harnessrl.sandbox.isolation import (
+    NO_PYCACHE,
+    VERIFICATION_ENV,
+    others_can_search,
+    sandbox_env,
+)
 from harnessrl.sandbox.workspace import Workspace
 
 __all__ = [
     "BACKENDS",
     "MAX_COMMAND_BYTES",
     "MAX_MOUNTS",
+    "NO_PYCACHE",
     "SANDBOX_HOST_UID",
+    "VERIFICATION_ENV",
     "WORKSPACE_MOUNT",
     "ExecResult",
     "Sandbox",

@@ -77,6 +77,15 @@ def sandbox_env(home: str, user: str = "root") -> dict[str, str]:
     }
 
 
+NO_PYCACHE = "/dev/null/harnessrl-no-pycache"
+"""A ``pycache_prefix`` under which no file can exist or be created: an interpreter given it
+compiles every module from its source and never reads a ``__pycache__`` of the workspace."""
+
+VERIFICATION_ENV = {"PYTHONPYCACHEPREFIX": NO_PYCACHE, "PYTHONNOUSERSITE": "1"}
+"""Added to the commands' environment in a verification session: no Python there reads
+bytecode the policy left (a forged ``__pycache__`` of a protected module) or a user site."""
+
+
 @functools.lru_cache(maxsize=1)
 def python_inside() -> tuple[str, str | None]:
     """The interpreter that runs the server inside, and a prefix to bind if it is not in /usr."""

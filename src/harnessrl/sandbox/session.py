@@ -32,6 +32,7 @@ from harnessrl.sandbox.api import (
 )
 from harnessrl.sandbox.base import Sandbox
 from harnessrl.sandbox.isolation import (
+    VERIFICATION_ENV,
     give_tree,
     others_can_search,
     python_inside,
@@ -144,7 +145,8 @@ class ServerSandbox(Sandbox):
         return {
             "root": self._inside_root(),
             "shell": shell_path(),
-            "env": {**sandbox_env(self._home(), self._user()), **self._extra_env},
+            "env": {**sandbox_env(self._home(), self._user()), **self._extra_env,
+                    **(VERIFICATION_ENV if self._checked else {})},
             "limits": asdict(self.limits),
             "harden": self._harden(),
             "direct": self._checked,

@@ -173,7 +173,7 @@ def parse_messages_request(body: dict[str, Any], count_only: bool = False) -> Pa
         messages=messages,
         tools=tools,
         forced_tool=forced_tool(body.get("tool_choice"), tools),
-        max_tokens=fields.optional_int(body, "max_tokens", minimum=1),
+        max_tokens=fields.optional_int(body, "max_tokens", minimum=1, maximum=fields.MAX_OUTPUT_TOKENS_FIELD),
         temperature=temperature,
         top_p=top_p,
         stop=fields.string_list(body.get("stop_sequences"), "stop_sequences", limit=64),

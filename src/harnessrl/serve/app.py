@@ -43,7 +43,7 @@ from harnessrl.serve.engine import (
     ServeEngine,
     new_id,
 )
-from harnessrl.serve.limits import RequestLimits
+from harnessrl.serve.limits import RequestLimits, body_limit
 from harnessrl.serve.recorder import ConversationRecorder
 
 logger = logging.getLogger("harnessrl.serve")
@@ -98,7 +98,7 @@ def create_app(
     context_length: int | None = None,
     max_batch_size: int = 64,
     stream_keepalive_s: float = 5.0,
-    max_request_bytes: int = MAX_REQUEST_BYTES,
+    max_request_bytes: int | None = None,
     body_timeout_s: float = BODY_TIMEOUT_S,
 ) -> FastAPI:
     """Returns the server application over ``policy``.
@@ -108,8 +108,9 @@ def create_app(
     names no output limit, ``max_output_tokens`` caps every request, ``context_length``
     overrides the policy's context window; at most ``max_batch_size`` requests share one
     ``policy.generate`` call; a stream sends a keep-alive every ``stream_keepalive_s`` while
-    the policy works; a request body may hold at most ``max_request_bytes`` and must arrive
-    within ``body_timeout_s``.
+    the policy works; a request body may hold at most ``max_request_bytes`` (default: what
+    the served context can hold, ``limits.body_limit``, at most ``MAX_REQUEST_BYTES``) and
+    must arrive within ``body_timeout_s``.
     """
     engine = ServeEngine(
         policy, recorder=recorder, context_length=context_length, default_max_tokens=default_max_tokens,
@@ -126,6 +127,9 @@ def create_app(
     def refusal(path: str, status: int, message: str) -> JSONResponse:
         return error_response(family_of(path), ApiError(status, _STATUS_KINDS[status], message))
 
+    if max_request_bytes is None:
+        max_request_bytes = body_limit(engine.context_length, engine.max_token_bytes(), MAX_REQUEST_BYTES)
+    app.state.max_request_bytes = max_request_bytes
     app.add_middleware(RequestLimits, max_request_bytes=max_request_bytes, body_timeout_s=body_timeout_s, refusal=refusal)
 
     @app.exception_handler(StarletteHTTPException)
@@ -359,11 +363,12 @@ def create_app(
 
 def overflow_error(family: str, path: str, exc: ContextOverflow) -> ApiError:
     """Returns each API's error for a prompt over the context window."""
+    count = f"at least {exc.prompt_tokens}" if exc.at_least else str(exc.prompt_tokens)
     if family == ANTHROPIC:
-        return ApiError(400, "invalid_request_error", f"prompt is too long: {exc.prompt_tokens} tokens > {exc.limit} maximum")
+        return ApiError(400, "invalid_request_error", f"prompt is too long: {count} tokens > {exc.limit} maximum")
     param = "input" if path.endswith("/responses") else "messages"
     message = (
         f"This model's maximum context length is {exc.limit} tokens. However, your messages resulted in "
-        f"{exc.prompt_tokens} tokens. Please reduce the length of the messages."
+        f"{count} tokens. Please reduce the length of the messages."
     )
     return ApiError(400, "invalid_request_error", message, param, "context_length_exceeded")

@@ -53,12 +53,20 @@ class InvalidRequest(Exception):
         self.message, self.param = message, param
 
 
-class ContextOverflow(Exception):
-    """The rendered prompt does not fit the context window (each API has its own error)."""
+# A prompt whose text is over LENGTH_MARGIN * max_token_bytes characters per context token is
+# refused before it is rendered (the margin covers a normalizer composing characters).
+LENGTH_MARGIN = 4
 
-    def __init__(self, prompt_tokens: int, limit: int) -> None:
-        super().__init__(f"prompt of {prompt_tokens} tokens does not fit the context of {limit} tokens")
-        self.prompt_tokens, self.limit = prompt_tokens, limit
+
+class ContextOverflow(Exception):
+    """The rendered prompt does not fit the context window (each API has its own error);
+    ``at_least``: the prompt was refused for its length before it was tokenized, and
+    ``prompt_tokens`` is a lower bound."""
+
+    def __init__(self, prompt_tokens: int, limit: int, at_least: bool = False) -> None:
+        count = f"at least {prompt_tokens}" if at_least else str(prompt_tokens)
+        super().__init__(f"prompt of {count} tokens does not fit the context of {limit} tokens")
+        self.prompt_tokens, self.limit, self.at_least = prompt_tokens, limit, at_least
 
 
 class PolicyFailure(Exception):
@@ -313,6 +321,21 @@ class ServeEngine:
         """Returns the number of prompt tokens ``request`` renders to."""
         return len(self.renderer.render(request.messages, request.tools, request.prefill))
 
+    def max_token_bytes(self) -> int | None:
+        """Returns the tokenizer's bound on the text bytes of one token (None: unknown)."""
+        bound = getattr(self.renderer.tokenizer, "max_token_bytes", None)
+        return bound() if callable(bound) else None
+
+    def refuse_by_length(self, chars: int) -> None:
+        """Raises ``ContextOverflow`` (``at_least``) for a prompt of ``chars`` characters of
+        message text that cannot fit the context whatever its tokens, before any tokenizing."""
+        bound = self.max_token_bytes()
+        if self.context_length is None or not bound:
+            return
+        floor = chars // (LENGTH_MARGIN * bound)
+        if floor >= self.context_length:
+            raise ContextOverflow(floor, self.context_length, at_least=True)
+
     def output_budget(self, requested: int | None, prompt_tokens: int) -> int:
         """Returns how many tokens may be sampled: the request's limit (or the default),
         clamped to the server's cap and to the room left in the context window."""
@@ -333,10 +356,12 @@ class ServeEngine:
         """Renders ``request``, checks it against the context window (raising
         ``ContextOverflow``) and queues it; returns at once with the task that finishes it
         (streams begin while the policy works)."""
-        small = sum(len(m.get("content") or "") for m in request.messages) < INLINE_RENDER_CHARS
+        chars = sum(len(m["content"]) for m in request.messages if isinstance(m.get("content"), str))
+        small = chars < INLINE_RENDER_CHARS
         lead = request.prefill + forced_call_prefix(request.forced_tool)
-        prompt = await self._tokenizing(small, self.renderer.render, request.messages, request.tools, lead)
         try:
+            self.refuse_by_length(chars + len(lead))
+            prompt = await self._tokenizing(small, self.renderer.render, request.messages, request.tools, lead)
             budget = self.output_budget(request.max_tokens, len(prompt))
         except ContextOverflow as overflow:
             if session is not None:  # what an external run reports as its error

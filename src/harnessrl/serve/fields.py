@@ -16,14 +16,25 @@ from harnessrl.serve.engine import InvalidRequest
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
+INT64 = (-(2**63), 2**63 - 1)
+"""The range of every integer field: a number outside it (``2**63``, ``1e30``) is refused."""
+
+MAX_OUTPUT_TOKENS_FIELD = 2**31 - 1
+"""The largest output limit (``max_tokens`` and kin) a request may name; the engine then caps
+it to what the context leaves."""
+
+
 def optional_int(body: dict[str, Any], name: str, minimum: int | None = None, maximum: int | None = None) -> int | None:
-    """Returns the integer field ``name`` (None when absent or null)."""
+    """Returns the integer field ``name`` (None when absent or null); NaN, infinities,
+    fractions and numbers outside `INT64` (or ``minimum``/``maximum``) are refused."""
     value = body.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or (isinstance(value, float) and not value.is_integer()):
         raise InvalidRequest(f"'{name}' must be an integer, got {json.dumps(value)[:80]}", name)
     value = int(value)
+    if not INT64[0] <= value <= INT64[1]:
+        raise InvalidRequest(f"'{name}' must be an integer between -2^63 and 2^63-1, got {str(value)[:40]}", name)
     if minimum is not None and value < minimum:
         raise InvalidRequest(f"'{name}' must be at least {minimum}, got {value}", name)
     if maximum is not None and value > maximum:
@@ -32,7 +43,8 @@ def optional_int(body: dict[str, Any], name: str, minimum: int | None = None, ma
 
 
 def optional_number(body: dict[str, Any], name: str, low: float, high: float, default: float) -> float:
-    """Returns the number field ``name`` within [low, high] (``default`` when absent or null)."""
+    """Returns the number field ``name`` within [low, high] (``default`` when absent or null;
+    NaN and infinities are refused)."""
     value = body.get(name)
     if value is None:
         return default

@@ -1,5 +1,5 @@
-"""What a client may make the server hold: the size of a request body, the time it may take to
-send its headers and its body.
+"""What a client may make the server hold: the size of a request body (by default what the
+served context can hold, `body_limit`), the time it may take to send its headers and its body.
 
 ``RequestLimits`` is ASGI middleware that reads each request body before the application
 does: a body declared (``Content-Length``) or found (while it streams in) to be over
@@ -27,6 +27,23 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 # (path, HTTP status, message) -> an ASGI response in the path's API error shape
 Refusal = Callable[[str, int, str], Any]
+
+
+BODY_BASE_BYTES = 1 << 20
+"""Room a body has beyond its prompt text: JSON structure, tool schemas, pretty-printing."""
+
+JSON_BYTES_PER_TEXT_BYTE = 6
+"""The most bytes of JSON one byte of text can take (a control character as ``\\u0001``)."""
+
+
+def body_limit(context_tokens: int | None, max_token_bytes: int | None, ceiling: int) -> int:
+    """Returns the largest request body a prompt that fits ``context_tokens`` can need: each
+    token stands for at most ``max_token_bytes`` bytes of text, each byte of text for at most
+    `JSON_BYTES_PER_TEXT_BYTE` bytes of JSON, plus `BODY_BASE_BYTES`; never above ``ceiling``
+    (and ``ceiling`` when either is unknown)."""
+    if not context_tokens or not max_token_bytes:
+        return ceiling
+    return min(ceiling, BODY_BASE_BYTES + JSON_BYTES_PER_TEXT_BYTE * max_token_bytes * context_tokens)
 
 
 def _declared_length(scope: Scope) -> int | None:

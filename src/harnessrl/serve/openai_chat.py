@@ -113,9 +113,9 @@ def parse_chat_request(body: dict[str, Any]) -> ParsedRequest:
     messages = normalize_messages(body.get("messages"))
     tools = normalize_tools(body)
     forced = fields.openai_tool_choice(body, tools)
-    max_tokens = fields.optional_int(body, "max_completion_tokens", minimum=1)
+    max_tokens = fields.optional_int(body, "max_completion_tokens", minimum=1, maximum=fields.MAX_OUTPUT_TOKENS_FIELD)
     if max_tokens is None:
-        max_tokens = fields.optional_int(body, "max_tokens", minimum=1)
+        max_tokens = fields.optional_int(body, "max_tokens", minimum=1, maximum=fields.MAX_OUTPUT_TOKENS_FIELD)
     temperature, top_p = fields.sampling(body, max_temperature=2.0)
     fields.optional_bool(body, "logprobs")
     fields.optional_int(body, "top_logprobs", minimum=0, maximum=20)

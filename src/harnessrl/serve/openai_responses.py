@@ -162,7 +162,7 @@ def parse_responses_request(body: dict[str, Any], store: ResponseStore) -> Parse
         messages=[{k: v for k, v in m.items() if k != "origin"} for m in messages],
         tools=tools,
         forced_tool=forced,
-        max_tokens=fields.optional_int(body, "max_output_tokens", minimum=1),
+        max_tokens=fields.optional_int(body, "max_output_tokens", minimum=1, maximum=fields.MAX_OUTPUT_TOKENS_FIELD),
         temperature=temperature,
         top_p=top_p,
         stream=fields.optional_bool(body, "stream"),

@@ -5,13 +5,21 @@ from __future__ import annotations
 import base64
 import os
 import shlex
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from harnessrl.sandbox import SandboxError, SandboxMount
-from harnessrl.tasks.verify import Check, CheckContext, PythonCheck, Verdict, evaluate
+from harnessrl.tasks.verify import (
+    Check,
+    CheckContext,
+    CheckResult,
+    PythonCheck,
+    Verdict,
+    evaluate,
+)
 
 if TYPE_CHECKING:
     from harnessrl.sandbox import Sandbox
@@ -265,17 +273,62 @@ def verify_task(task: Task, sandbox: Sandbox, answer: str | None = None) -> Verd
     Nothing the policy started may touch verification: first every process of the episode is
     ended (`Sandbox.restart`: a fresh session over the same workspace, which also mounts the
     modules of sandboxed Python checks), then the protected files are laid in, overwriting
-    whatever the agent left at those paths, then the checks run from the workspace root.
+    whatever the agent left at those paths (a symlink, a file or a fifo where a folder on the
+    way should be is removed first), then the checks run from the workspace root. A workspace
+    in which that cannot be done, or a sandbox that cannot restart, gives a failed check that
+    says why, never an exception.
     """
     mounts = {mount.target: mount for mount in (*task.mounts, *check_mounts_for(task.verifier))}
-    sandbox.restart(mounts=tuple(mounts.values()), verification=True)
+    try:
+        sandbox.restart(mounts=tuple(mounts.values()), verification=True)
+    except (SandboxError, OSError) as exc:
+        return _not_verified("verification could not start", exc)
     for rel_path, content in task.protected_files.items():
         try:
-            sandbox.write_file(rel_path, content)
-        except SandboxError:  # the agent left a symlink, a directory or a fifo there
-            sandbox.exec(f"rm -rf -- {shlex.quote(rel_path)}")
-            sandbox.write_file(rel_path, content)
+            _lay_in(sandbox, rel_path, content)
+        except (SandboxError, OSError) as exc:
+            return _not_verified(f"protected file {rel_path!r} could not be laid in", exc)
     return evaluate(task.verifier, CheckContext(sandbox=sandbox, answer=answer))
+
+
+def _not_verified(what: str, exc: BaseException) -> Verdict:
+    return Verdict(passed=False, results=(CheckResult(False, "verification", f"{what}: {exc}"),))
+
+
+# Removes, along a protected file's path, the file itself and each component on the way that
+# is not a real folder (a symlink, a file, a fifo), and gives the sandbox user back its own
+# folders on the way (``chmod 000``); then ``write_file`` can lay the file in.
+_CLEAR_PATH = (
+    'chmod -f u+rwx .; p=""; for part in "$@"; do p="${p:+$p/}$part";'
+    ' if [ -L "$p" ] || { [ -e "$p" ] && [ ! -d "$p" ]; }; then rm -rf -- "$p"; break; fi;'
+    ' [ -d "$p" ] && chmod -f u+rwx -- "$p"; done; rm -rf -- "$p"'
+)
+
+
+def _way_is_clear(sandbox: Sandbox, rel_path: str) -> bool:
+    """True when every folder on the way to ``rel_path`` is a real folder its owner may use
+    (or does not exist yet), and ``rel_path`` itself is absent or a regular file."""
+    path = Path(sandbox.workspace.root)
+    parts = [part for part in rel_path.split("/") if part not in ("", ".")]
+    for index, part in enumerate(["", *parts]):
+        path = path / part if part else path
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return True
+        if index == len(parts):
+            return stat.S_ISREG(mode)
+        if not stat.S_ISDIR(mode) or mode & 0o700 != 0o700:
+            return False
+    return True
+
+
+def _lay_in(sandbox: Sandbox, rel_path: str, content: str | bytes) -> None:
+    """Writes protected file ``rel_path``, clearing first whatever the agent put in its way."""
+    if not _way_is_clear(sandbox, rel_path):
+        words = " ".join(shlex.quote(part) for part in rel_path.split("/") if part not in ("", "."))
+        sandbox.exec(f"set -- {words}; {_CLEAR_PATH}")
+    sandbox.write_file(rel_path, content)
 
 
 def apply_action(action: Action, sandbox: Sandbox) -> str | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -26,6 +25,7 @@ from harnessrl.tasks.python_check import (
     runner_detail,
     warn_host_check,
 )
+from harnessrl.tasks.runner import isolated_python, run_tests_command
 
 if TYPE_CHECKING:
     from harnessrl.sandbox import Sandbox
@@ -354,11 +354,7 @@ class SqliteQuery(Check):
         name = f"sqlite_query({self.db}, {self.query!r})"
         if not ctx.sandbox.exists(self.db):
             return [CheckResult(False, name, "database missing")]
-        command = (
-            f"python3 -c {shlex.quote(_SQLITE_SCRIPT)} {shlex.quote(self.db)} "
-            f"{shlex.quote(self.query)}"
-        )
-        result = ctx.sandbox.exec(command)
+        result = ctx.sandbox.exec(isolated_python(_SQLITE_SCRIPT, self.db, self.query))
         if not result.ok:
             return [CheckResult(False, name, f"query failed: {result.stderr.strip()[-300:]}")]
         try:
@@ -394,31 +390,11 @@ class CommandExit(Check):
         return [CheckResult(ok, name, detail)]
 
 
-# Used when pytest is not importable by the sandbox's python3: collects and runs every
-# top-level ``test_*`` function of the file, failing on the first exception.
-_MINI_PYTEST = """
-import importlib.util, sys, traceback
-path = sys.argv[1]
-sys.path.insert(0, '.')
-spec = importlib.util.spec_from_file_location('harnessrl_test_module', path)
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-tests = [v for k, v in vars(module).items() if k.startswith('test_') and callable(v)]
-failed = 0
-for test in tests:
-    try:
-        test()
-    except Exception:
-        failed += 1
-        traceback.print_exc()
-print(f'{len(tests) - failed} passed, {failed} failed')
-sys.exit(1 if failed or not tests else 0)
-"""
-
-
 @dataclass(frozen=True)
 class PytestPasses(Check):
-    """The test file passes under pytest in the sandbox (a built-in runner when pytest is absent)."""
+    """The test file passes under pytest in the sandbox (a built-in runner when pytest is absent),
+    run by an isolated interpreter that loads nothing of the workspace but the code under test
+    (`harnessrl.tasks.runner`)."""
 
     kind: ClassVar[str] = "pytest_passes"
     test_path: str
@@ -428,15 +404,8 @@ class PytestPasses(Check):
         name = f"pytest_passes({self.test_path})"
         if not ctx.sandbox.exists(self.test_path):
             return [CheckResult(False, name, "test file missing")]
-        path = shlex.quote(self.test_path)
-        root = shlex.quote(str(getattr(ctx.sandbox, "inside_root", ".")))
-        command = (
-            f"cd {root}; "
-            f"if python3 -c 'import pytest' 2>/dev/null; then "
-            f"python3 -m pytest -q -x -p no:cacheprovider {path}; "
-            f"else python3 -c {shlex.quote(_MINI_PYTEST)} {path}; fi"
-        )
-        result = ctx.sandbox.exec(command, timeout=self.timeout_s)
+        root = str(getattr(ctx.sandbox, "inside_root", "."))
+        result = ctx.sandbox.exec(run_tests_command(root, self.test_path), timeout=self.timeout_s)
         ok = result.ok
         return [CheckResult(ok, name, "passed" if ok else (result.stdout + result.stderr)[-400:])]
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 from dataclasses import dataclass
 from typing import ClassVar
 
+from harnessrl.tasks.runner import isolated_python
 from harnessrl.tasks.verify import AnswerEquals, Check, CheckContext, CheckResult
 
 # Prints what lstat says about one path as JSON (null when it does not exist).
@@ -31,7 +31,7 @@ _LSTAT_SCRIPT = (
 
 def _lstat(ctx: CheckContext, path: str) -> dict[str, object] | str | None:
     """Returns the lstat facts of ``path`` in the sandbox, None when absent, or an error text."""
-    result = ctx.sandbox.exec(f"python3 -c {shlex.quote(_LSTAT_SCRIPT)} {shlex.quote(path)}")
+    result = ctx.sandbox.exec(isolated_python(_LSTAT_SCRIPT, path))
     if not result.ok:
         return f"lstat failed: {(result.stderr or result.stdout).strip()[-200:]}"
     facts = json.loads(result.stdout)

@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from harnessrl.harness.base import ToolOutput
+from harnessrl.harness.base import ToolOutput, encodable  # noqa: F401 - re-exported
 from harnessrl.sandbox import WORKSPACE_MOUNT, SandboxError
 from harnessrl.tasks.model import Action
 
@@ -108,19 +108,6 @@ def edit_snippet(text: str, first_line: int, changed_lines: int) -> str:
     start = max(0, first_line - SNIPPET_CONTEXT_LINES)
     end = min(len(lines), first_line + changed_lines + SNIPPET_CONTEXT_LINES)
     return number_lines(lines[start:end], start + 1)
-
-
-def encodable(text: str) -> str:
-    """Returns ``text`` with what UTF-8 cannot encode (lone surrogates from undecodable file
-    bytes or JSON escapes) replaced, so an observation can always be tokenized."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        try:  # bytes read with surrogateescape come back as U+FFFD, like a UTF-8 terminal shows
-            return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-        except UnicodeEncodeError:
-            return text.encode("utf-8", "replace").decode("utf-8")
-    return text
 
 
 def error_output(tool: str, message: str) -> ToolOutput:

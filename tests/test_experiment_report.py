@@ -257,6 +257,10 @@ def test_shared_warm_start_sft_only_control_and_paired_tests(tmp_path, tiny_mode
     spec = load_experiment(write(tmp_path, text))
     out = tmp_path / "out"
     lines = []
+    # the control alone: a table and a report with no learning curve yet
+    alone = run_experiment(spec, tmp_path / "control-only", log=lambda m: None, seeds=[5], arms=["sft-only"])
+    assert [row["arm"] for row in alone["arms"]] == ["sft-only"]
+    assert "Learning curves" not in (tmp_path / "control-only" / "report" / "index.html").read_text()
     # one arm of one seed first (--seeds 6 --arms oa): only its warm start and its run
     first = run_experiment(spec, out, log=lines.append, seeds=[6], arms=["oa"])
     assert [line.split("]")[0] for line in lines if "training:" in line or "SFT warm start" in line] == [

@@ -420,10 +420,11 @@ def write_experiment_report(out_dir: str | Path) -> Path:
         doc.figure("comparison", fig, "Pass@1 per arm (mean over seeds; bars: pooled 95% bootstrap interval)")
         series, held_out, control = learning_series(out, arms)
         keys = curve_keys([r for records in series.values() for r in records])
-        doc.heading("Learning curves")
-        doc.figure("learning-curves", plot_learning_curves(series, keys),
-                   "Training rollouts per step, mean over seeds: the first pass's mean reward (before dynamic "
-                   "sampling), the trained groups' reward and valid-group ratio, the task frontier's size")
+        if keys:  # none until an RL arm has run a step
+            doc.heading("Learning curves")
+            doc.figure("learning-curves", plot_learning_curves(series, keys),
+                       "Training rollouts per step, mean over seeds: the first pass's mean reward (before dynamic "
+                       "sampling), the trained groups' reward and valid-group ratio, the task frontier's size")
         if held_out:
             doc.figure("held-out-curve", plot_learning_curves(held_out, ["pass_at_1"], lines=control),
                        "Held-out in-space Pass@1 on the fixed curve subset (eval.curve_every), mean over seeds; "

@@ -303,6 +303,7 @@ def plot_learning_curves(series: dict[str, list[dict[str, Any]]], keys: Sequence
         ax.set_title(key, fontsize=9)
     if len(series) + len(lines or {}) > 1:
         axes[0][0].legend(fontsize=7)
+    fig.tight_layout()  # a panel's title clears the step label of the panel above
     return fig
 
 

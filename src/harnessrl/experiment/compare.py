@@ -178,7 +178,7 @@ def learning_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     the first and last quarter of steps, their difference with its 95% interval over tasks,
     and the relative weight movement under RL against the warm start's."""
     headers = ["arm", "seed", "RL steps (per quarter)", "first-pass reward, first quarter", "last quarter",
-               "difference [95% CI over tasks]", "||W - W_start|| / ||W_start|| (RL)", "(warm start, from the base)"]
+               "difference [95% CI over tasks]", "‖W − W_start‖ / ‖W_start‖ (RL)", "(warm start, from the base)"]
     rows = []
     for r in result["arms"]:
         for entry in r.get("learning") or []:

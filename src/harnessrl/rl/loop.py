@@ -29,9 +29,9 @@ from harnessrl.eval.evaluate import EvalResult, evaluate
 from harnessrl.eval.sets import EvalTarget
 from harnessrl.harness.harness import Harness, HarnessLimits, out_of_space_names
 from harnessrl.harness.registry import default_space
+from harnessrl.memory import limit_malloc_arenas, peak_rss_mb, release_freed_memory, rss_mb
 from harnessrl.pairing import Pair, PairingSchedule
 from harnessrl.policy.base import SamplingParams
-from harnessrl.policy.device import release_freed_memory
 from harnessrl.progress import Progress
 from harnessrl.rescue.groups import GroupInfo, signal_metrics
 from harnessrl.rescue.router import TaskInfo
@@ -72,6 +72,7 @@ class Trainer:
     """Owns the policy, optimizer and run directory of one training run."""
 
     def __init__(self, cfg: TrainConfig, resume: bool = False, log: Logger = print) -> None:
+        limit_malloc_arenas()  # bounded host memory without MALLOC_ARENA_MAX (harnessrl.memory)
         # Under torchrun every rank trains; rank 0 alone logs and writes (rl.distributed).
         self.parallel = DataParallel.from_env()
         self.main = self.parallel is None or self.parallel.is_main
@@ -412,6 +413,9 @@ class Trainer:
             **{f"update/{k}": v for k, v in update.items()},
             **self._sampling,
             **extra,
+            # After the step's buffers went back to the system (sync_rollout_weights): flat across steps.
+            "memory/rss_mb": round(rss_mb(), 1),
+            "memory/peak_rss_mb": round(peak_rss_mb(), 1),
         }
 
     def group_advantages(self, rewards: list[float], groups: list[int]) -> list[float]:

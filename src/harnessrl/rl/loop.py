@@ -179,7 +179,8 @@ class Trainer:
         self.design = make_design(space, cfg.design, n=cfg.design_n, seed=cfg.seed, base=cfg.base_harness)
         self.held_out = self.design.held_out(cfg.eval_held_out, seed=cfg.seed)
         context = min(cfg.context_tokens, getattr(self.policy, "context_length", None) or cfg.context_tokens)  # a server's
-        self.limits = HarnessLimits(max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, context_tokens=context)
+        self.limits = HarnessLimits(max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, context_tokens=context,
+                                    fixed_wall_time=cfg.deterministic)
         self.train_tasks = select_tasks(cfg, cfg.train_split, cfg.max_train_tasks)
         self.eval_tasks = select_tasks(cfg, cfg.eval_split, cfg.eval_tasks)
         self.task_by_id = {t.id: t for t in self.train_tasks}
@@ -270,7 +271,7 @@ class Trainer:
             self.policy, targets, self.eval_tasks, k=1,
             limits=self.limits, temperature=self.cfg.eval_temperature, max_new_tokens=self.cfg.max_new_tokens,
             seed=self.cfg.seed, max_concurrent=self.cfg.max_concurrent, env_workers=self.cfg.env_workers,
-            backend=self.cfg.sandbox_backend, progress=True, design=self.design,
+            backend=self.cfg.sandbox_backend, progress=True, design=self.design, deterministic=self.cfg.deterministic,
         )
         save_jsonl(result.trajectories, self.run_dir / "eval" / f"{label}.jsonl")
         out: dict[str, Any] = {}
@@ -347,7 +348,7 @@ class Trainer:
             self.policy, max_concurrent=self.cfg.max_concurrent, env_workers=self.cfg.env_workers,
             sampling=SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                                     max_new_tokens=self.cfg.max_new_tokens),
-            backend=self.cfg.sandbox_backend, progress=True,
+            backend=self.cfg.sandbox_backend, progress=True, deterministic=self.cfg.deterministic,
         )
 
     def run_jobs(self, jobs: list[RolloutJob]) -> list[Any]:
@@ -492,7 +493,7 @@ class Trainer:
         # whole actions (the context window still applies).
         demo_limits = HarnessLimits(
             max_turns=max(cfg.max_turns, 8), max_new_tokens=min(2048, cfg.context_tokens // 2),
-            context_tokens=cfg.context_tokens,
+            context_tokens=cfg.context_tokens, fixed_wall_time=cfg.deterministic,
         )
         demos = oracle_demonstrations(
             self.train_tasks[: cfg.sft_tasks], [c.code for c in self.design.configs], self.policy.tokenizer,

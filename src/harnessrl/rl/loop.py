@@ -35,7 +35,7 @@ from harnessrl.policy.base import SamplingParams
 from harnessrl.progress import Progress
 from harnessrl.rescue.groups import GroupInfo, signal_metrics
 from harnessrl.rescue.router import TaskInfo
-from harnessrl.rl.advantages import gae, grpo_advantages, no_signal_fraction, rloo_advantages
+from harnessrl.rl.advantages import grpo_advantages, no_signal_fraction, rloo_advantages
 from harnessrl.rl.blackbox import AgentRollouts, rollout_cost
 from harnessrl.rl.checkpoint import (
     latest_checkpoint,
@@ -46,6 +46,7 @@ from harnessrl.rl.checkpoint import (
 from harnessrl.rl.config import TrainConfig
 from harnessrl.rl.distributed import DataParallel
 from harnessrl.rl.frontier import FrontierSettings
+from harnessrl.rl.ppo import ppo_samples
 from harnessrl.rl.rescue import Rescue
 from harnessrl.rl.sampling import StepSampler, combine_stats
 from harnessrl.rl.schedules import (
@@ -59,7 +60,7 @@ from harnessrl.rl.schedules import (
 from harnessrl.rl.sft import oracle_demonstrations, sft_samples
 from harnessrl.rl.summary import format_summary, run_summary
 from harnessrl.rl.tracking import Tracker
-from harnessrl.rl.update import UpdateSample, compute_values, update_step
+from harnessrl.rl.update import UpdateSample, update_step
 from harnessrl.rl.weight_version import check_current, stamp_weight_version
 from harnessrl.rollout.engine import RolloutEngine, RolloutJob
 from harnessrl.tasks.model import Task
@@ -437,53 +438,11 @@ class Trainer:
         return samples
 
     def ppo_samples(self, trajectories: list[Any]) -> list[UpdateSample]:
-        """Returns update samples with per-turn GAE advantages from the value head.
-
-        The critic values the state before each turn (the hidden state of the token before
-        the turn's first sampled token); the reward arrives on the last turn; advantages are
-        normalised over the batch and broadcast over each turn's sampled tokens.
-        """
+        """Returns update samples with per-turn GAE advantages from the value head (``rl.ppo``)."""
         assert self.value_head is not None
-        per_trajectory: list[list[UpdateSample]] = []
-        for trajectory in trajectories:
-            samples = []
-            for s in trajectory.training_samples():
-                samples.append(UpdateSample(
-                    s.input_ids, s.loss_mask, s.old_logprobs, 0.0,
-                    meta={"turns": [index for index, _ in s.turn_starts], "starts": [p for _, p in s.turn_starts]},
-                    value_positions=[p - 1 for _, p in s.turn_starts],
-                ))
-            per_trajectory.append(samples)
-        flat = [s for samples in per_trajectory for s in samples]
-        if not flat:
-            return []
-        values = compute_values(self.model, self.value_head, flat, self.policy.tokenizer.pad_token_id,
-                                self.cfg.micro_batch_tokens, autocast_dtype=self.autocast_dtype)
-        value_of = {id(s): v for s, v in zip(flat, values, strict=True)}
-        turn_advantages: list[dict[int, tuple[float, float, float]]] = []
-        all_advantages: list[float] = []
-        for trajectory, samples in zip(trajectories, per_trajectory, strict=True):
-            by_turn = {t: v for s in samples for t, v in zip(s.meta["turns"], value_of[id(s)], strict=True)}
-            order = sorted(by_turn)
-            turn_rewards = [0.0] * len(order)
-            if order:
-                turn_rewards[-1] = float(trajectory.reward)
-            adv, ret = gae(turn_rewards, [by_turn[t] for t in order], self.cfg.gamma, self.cfg.gae_lambda)
-            turn_advantages.append({t: (a, r, by_turn[t]) for t, a, r in zip(order, adv, ret, strict=True)})
-            all_advantages += adv
-        mean = float(np.mean(all_advantages)) if all_advantages else 0.0
-        std = float(np.std(all_advantages)) if len(all_advantages) > 1 else 1.0
-        for trajectory, samples, table in zip(trajectories, per_trajectory, turn_advantages, strict=True):
-            for s in samples:
-                token_adv = [0.0] * len(s.input_ids)
-                for turn, start in zip(s.meta["turns"], s.meta["starts"], strict=True):
-                    a = (table[turn][0] - mean) / max(std, 1e-6)
-                    for i in range(start, start + len(trajectory.turns[turn].completion_ids)):
-                        token_adv[i] = a
-                s.advantage = token_adv
-                s.returns = [table[t][1] for t in s.meta["turns"]]
-                s.old_values = [table[t][2] for t in s.meta["turns"]]
-        return flat
+        return ppo_samples(trajectories, self.model, self.value_head, self.policy.tokenizer.pad_token_id,
+                           micro_batch_tokens=self.cfg.micro_batch_tokens, gamma=self.cfg.gamma,
+                           gae_lambda=self.cfg.gae_lambda, autocast_dtype=self.autocast_dtype)
 
     # -- the run ---------------------------------------------------------------------------------
     def warm_start(self) -> dict[str, Any]:

@@ -228,9 +228,8 @@ class TrainConfig(BaseModel):
         description="the same numbers twice, whatever else the machine runs: the rollout engine batches in lockstep "
         "(every admitted episode reaches its next policy call, then one batch in job order) and observations show "
         "a fixed stand-in for wall times (O2, the Codex header); every seed already comes from `seed`. On in the quick "
-        "preset. Costs the "
-        "overlap of sandbox steps with generation; not for rollout_through: ext:<agent> (agent programs keep their "
-        "own clocks)",
+        "preset. Costs the overlap of sandbox steps with generation. Covers in-process rollouts: a policy_server "
+        "batches by its own timing, and rollout_through: ext:<agent> programs keep their own clocks",
     )
     run_dir: str = Field("runs/latest", description="where metrics, checkpoints and the summary go")
     report_to: list[Literal["tensorboard", "wandb"]] = Field(

@@ -81,15 +81,15 @@ run: setup
 
 # The papers' directions at CPU scale (configs/cpu_ablation.yaml; results in docs/results.md).
 # The two seeds run side by side, one per core (--jobs 2; logs in experiments/cpu-ablation/logs/).
-# Resumable: re-running skips finished arms. MALLOC_ARENA_MAX bounds glibc's per-thread arenas,
-# which otherwise grow a long training process by several GB.
+# Resumable: re-running skips finished arms. Each process caps glibc's per-thread arenas itself
+# (harnessrl.memory; they otherwise grow a long training process by several GB).
 experiment-cpu: setup
-	MALLOC_ARENA_MAX=2 $(VENV)/bin/harnessrl experiment configs/cpu_ablation.yaml --out experiments/cpu-ablation --jobs 2
+	$(VENV)/bin/harnessrl experiment configs/cpu_ablation.yaml --out experiments/cpu-ablation --jobs 2
 
 # RL that learns: the SFT-only control against 30 GRPO steps with the task frontier and dynamic
 # sampling, two seeds side by side (configs/cpu_learn.yaml; results in docs/results.md).
 experiment-learn: setup
-	MALLOC_ARENA_MAX=2 $(VENV)/bin/harnessrl experiment configs/cpu_learn.yaml --out experiments/cpu-learn --jobs 2
+	$(VENV)/bin/harnessrl experiment configs/cpu_learn.yaml --out experiments/cpu-learn --jobs 2
 
 # pytest exits 5 when it collects nothing: that is a broken suite, not a pass.
 test: setup vllm-env

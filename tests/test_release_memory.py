@@ -1,6 +1,8 @@
-"""A training process hands the memory of a finished step back to the system: without it, a
-CPU update step's freed activations stay with the C allocator for the life of the process."""
+"""A training process bounds its host memory itself: glibc's arenas capped in process (no
+MALLOC_ARENA_MAX needed), and the memory of a finished step handed back to the system (without
+it, a CPU update step's freed activations stay with the C allocator for the life of the process)."""
 
+import os
 import subprocess
 import sys
 
@@ -8,7 +10,7 @@ import pytest
 
 CHILD = r"""
 import torch
-from harnessrl.policy.device import release_freed_memory
+from harnessrl.memory import release_freed_memory
 
 def rss_mb():
     with open("/proc/self/statm") as f:
@@ -33,3 +35,45 @@ def test_freed_step_memory_goes_back_to_the_system():
     assert released == "True"
     assert float(before) - float(after) > 200, out.stdout  # most of the ~380 MB freed came back
 
+
+
+ARENAS = r"""
+import ctypes, sys, threading
+from harnessrl.memory import limit_malloc_arenas
+
+limited = limit_malloc_arenas() if sys.argv[1] == "limit" else False
+libc = ctypes.CDLL("libc.so.6")
+blocks, together = [], threading.Barrier(8)
+def allocate():  # a live thread's first malloc takes an arena of its own, up to the limit
+    blocks.append(ctypes.create_string_buffer(4096))
+    together.wait()  # all 8 alive at once: none hands its arena on to the next
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+libc.open_memstream.restype = ctypes.c_void_p
+buffer, size = ctypes.c_char_p(), ctypes.c_size_t()
+stream = libc.open_memstream(ctypes.byref(buffer), ctypes.byref(size))
+libc.malloc_info(0, ctypes.c_void_p(stream))
+libc.fclose(ctypes.c_void_p(stream))
+print(limited, buffer.value.decode().count("<heap nr="))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="malloc arenas are glibc's")
+@pytest.mark.parametrize("mode", ["limit", "default"])
+def test_threads_share_two_arenas_once_limited_in_process(mode):
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    out = subprocess.run([sys.executable, "-c", ARENAS, mode], capture_output=True, text=True, timeout=120,
+                         check=True, env=env)
+    limited, heaps = out.stdout.split()
+    if mode == "limit":
+        assert limited == "True" and int(heaps) <= 2, out.stdout
+    else:  # without the limit glibc gives each of the 8 threads an arena: what it would cost
+        assert int(heaps) > 2, out.stdout
+
+
+def test_a_users_malloc_arena_max_is_left_in_force():
+    env = {**os.environ, "MALLOC_ARENA_MAX": "4"}
+    code = "from harnessrl.memory import limit_malloc_arenas; print(limit_malloc_arenas())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True, env=env)
+    assert out.stdout.strip() == "False"

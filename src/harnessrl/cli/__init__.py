@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from harnessrl import __version__
 from harnessrl.cli.common import HelpFormatter, Parser
+from harnessrl.memory import limit_malloc_arenas
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the process exit code."""
+    limit_malloc_arenas()  # before any thread allocates: training's memory stays bounded (harnessrl.memory)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

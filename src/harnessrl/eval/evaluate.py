@@ -118,6 +118,7 @@ def evaluate(
     external: Any | None = None,
     agent_time_limit_s: float | None = None,
     on_external: Callable[[Trajectory], None] | None = None,
+    deterministic: bool = False,
 ) -> EvalResult:
     """Runs every task k times under every harness and returns the scores.
 
@@ -127,7 +128,8 @@ def evaluate(
     policy (``harnessrl.external``), with ``external`` as their run config (default: this
     sandbox ``backend``, the evaluation's turn and output limits, and ``agent_time_limit_s``
     seconds per run, else ``ExternalConfig.time_limit_s``); ``on_external`` hears of each
-    of their runs as it ends.
+    of their runs as it ends. ``deterministic`` runs the engine in lockstep (batches a function
+    of the jobs, not of timing: ``RolloutEngine``).
     """
     targets = [t if isinstance(t, EvalTarget) else EvalTarget(t, "") for t in harness_names]
     external_names = [t.name for t in targets if t.name.startswith(EXTERNAL_PREFIX)]
@@ -139,7 +141,7 @@ def evaluate(
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
     engine = RolloutEngine(
         policy, max_concurrent=max_concurrent, env_workers=env_workers, sampling=sampling,
-        backend=backend, progress=progress,
+        backend=backend, progress=progress, deterministic=deterministic,
     )
     trajectories, stats = engine.run(jobs) if jobs else ([], None)
     if external_names:

@@ -20,13 +20,18 @@ from harnessrl.space import HarnessConfig
 
 @dataclass(frozen=True)
 class HarnessLimits:
-    """Limits of one episode, each with a default sized for small models on CPU."""
+    """Limits of one episode, each with a default sized for small models on CPU, and whether
+    its observations may show the clock."""
 
     max_turns: int = 20  # policy calls per episode
     max_new_tokens: int = 384  # tokens the policy may sample per turn
     context_tokens: int = 8192  # the model's context window (SmolLM2: 8192)
     max_consecutive_format_errors: int = 3  # then the episode ends with status format_errors
     command_timeout_s: float = 30.0  # wall-clock limit of one command in the sandbox
+    # Observations show a fixed stand-in for a command's wall time (O2's wall_time_s, the Codex
+    # header's): 0, or command_timeout_s for a command that timed out. Deterministic runs set it,
+    # so that a prompt is a function of the episode alone, not of the machine's load.
+    fixed_wall_time: bool = False
 
     def __post_init__(self) -> None:
         if self.max_turns < 1 or self.max_new_tokens < 1:

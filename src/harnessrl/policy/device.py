@@ -1,12 +1,9 @@
 """Where local models run and in which dtype: ``auto`` resolved per machine (CUDA, CPUs with
-native bfloat16), and handing the host memory of a finished step back to the system."""
+native bfloat16). Host memory (arenas, handing freed memory back) is ``harnessrl.memory``'s."""
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -65,22 +62,3 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
         raise ValueError(f"dtype {dtype!r} is not one of auto, {', '.join(_DTYPES)}")
     return _DTYPES[dtype]
 
-
-def release_freed_memory() -> bool:
-    """Returns the host memory freed tensors left in the C allocator to the system (glibc's
-    ``malloc_trim``); True when some was returned.
-
-    A CPU update step allocates gigabytes of activations in chunks small enough for glibc's
-    heap, frees them, and glibc keeps the pages: a training process then holds its peak for the
-    rest of its life (the quick preset's update peaks near 10 GB with 6,144-token micro-batches),
-    and a second process on the machine can be killed for memory the first no longer uses. A
-    no-op (False) off glibc."""
-    if not sys.platform.startswith("linux"):
-        return False
-    gc.collect()
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    trim = getattr(libc, "malloc_trim", None)
-    return bool(trim(0)) if trim is not None else False

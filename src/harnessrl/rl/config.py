@@ -223,6 +223,14 @@ class TrainConfig(BaseModel):
     save_every: int = Field(1, ge=1, description="checkpoint every N steps")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
     seed: int = Field(0, description="seed of every random choice")
+    deterministic: bool = Field(
+        False,
+        description="the same numbers twice, whatever else the machine runs: the rollout engine batches in lockstep "
+        "(every admitted episode reaches its next policy call, then one batch in job order) and observations show "
+        "a fixed stand-in for wall times (O2, the Codex header); every seed already comes from `seed`. On in the quick "
+        "preset. Costs the overlap of sandbox steps with generation. Covers in-process rollouts: a policy_server "
+        "batches by its own timing, and rollout_through: ext:<agent> programs keep their own clocks",
+    )
     run_dir: str = Field("runs/latest", description="where metrics, checkpoints and the summary go")
     report_to: list[Literal["tensorboard", "wandb"]] = Field(
         default_factory=list,
@@ -353,6 +361,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_concurrent": 16,
         "save_every": 10,
         "keep_checkpoints": 1,
+        "deterministic": True,
     },
     # The paper's PPO setting: 128 tasks x 1 rollout per step.
     "paper-ppo": {

@@ -29,13 +29,13 @@ from harnessrl.eval.evaluate import EvalResult, evaluate
 from harnessrl.eval.sets import EvalTarget
 from harnessrl.harness.harness import Harness, HarnessLimits, out_of_space_names
 from harnessrl.harness.registry import default_space
+from harnessrl.memory import limit_malloc_arenas, peak_rss_mb, release_freed_memory, rss_mb
 from harnessrl.pairing import Pair, PairingSchedule
 from harnessrl.policy.base import SamplingParams
-from harnessrl.policy.device import release_freed_memory
 from harnessrl.progress import Progress
 from harnessrl.rescue.groups import GroupInfo, signal_metrics
 from harnessrl.rescue.router import TaskInfo
-from harnessrl.rl.advantages import gae, grpo_advantages, no_signal_fraction, rloo_advantages
+from harnessrl.rl.advantages import grpo_advantages, no_signal_fraction, rloo_advantages
 from harnessrl.rl.blackbox import AgentRollouts, rollout_cost
 from harnessrl.rl.checkpoint import (
     latest_checkpoint,
@@ -46,6 +46,7 @@ from harnessrl.rl.checkpoint import (
 from harnessrl.rl.config import TrainConfig
 from harnessrl.rl.distributed import DataParallel
 from harnessrl.rl.frontier import FrontierSettings
+from harnessrl.rl.ppo import ppo_samples
 from harnessrl.rl.rescue import Rescue
 from harnessrl.rl.sampling import StepSampler, combine_stats
 from harnessrl.rl.schedules import (
@@ -59,7 +60,7 @@ from harnessrl.rl.schedules import (
 from harnessrl.rl.sft import oracle_demonstrations, sft_samples
 from harnessrl.rl.summary import format_summary, run_summary
 from harnessrl.rl.tracking import Tracker
-from harnessrl.rl.update import UpdateSample, compute_values, update_step
+from harnessrl.rl.update import UpdateSample, update_step
 from harnessrl.rl.weight_version import check_current, stamp_weight_version
 from harnessrl.rollout.engine import RolloutEngine, RolloutJob
 from harnessrl.tasks.model import Task
@@ -72,6 +73,7 @@ class Trainer:
     """Owns the policy, optimizer and run directory of one training run."""
 
     def __init__(self, cfg: TrainConfig, resume: bool = False, log: Logger = print) -> None:
+        limit_malloc_arenas()  # bounded host memory without MALLOC_ARENA_MAX (harnessrl.memory)
         # Under torchrun every rank trains; rank 0 alone logs and writes (rl.distributed).
         self.parallel = DataParallel.from_env()
         self.main = self.parallel is None or self.parallel.is_main
@@ -178,7 +180,8 @@ class Trainer:
         self.design = make_design(space, cfg.design, n=cfg.design_n, seed=cfg.seed, base=cfg.base_harness)
         self.held_out = self.design.held_out(cfg.eval_held_out, seed=cfg.seed)
         context = min(cfg.context_tokens, getattr(self.policy, "context_length", None) or cfg.context_tokens)  # a server's
-        self.limits = HarnessLimits(max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, context_tokens=context)
+        self.limits = HarnessLimits(max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, context_tokens=context,
+                                    fixed_wall_time=cfg.deterministic)
         self.train_tasks = select_tasks(cfg, cfg.train_split, cfg.max_train_tasks)
         self.eval_tasks = select_tasks(cfg, cfg.eval_split, cfg.eval_tasks)
         self.task_by_id = {t.id: t for t in self.train_tasks}
@@ -269,7 +272,7 @@ class Trainer:
             self.policy, targets, self.eval_tasks, k=1,
             limits=self.limits, temperature=self.cfg.eval_temperature, max_new_tokens=self.cfg.max_new_tokens,
             seed=self.cfg.seed, max_concurrent=self.cfg.max_concurrent, env_workers=self.cfg.env_workers,
-            backend=self.cfg.sandbox_backend, progress=True, design=self.design,
+            backend=self.cfg.sandbox_backend, progress=True, design=self.design, deterministic=self.cfg.deterministic,
         )
         save_jsonl(result.trajectories, self.run_dir / "eval" / f"{label}.jsonl")
         out: dict[str, Any] = {}
@@ -346,7 +349,7 @@ class Trainer:
             self.policy, max_concurrent=self.cfg.max_concurrent, env_workers=self.cfg.env_workers,
             sampling=SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                                     max_new_tokens=self.cfg.max_new_tokens),
-            backend=self.cfg.sandbox_backend, progress=True,
+            backend=self.cfg.sandbox_backend, progress=True, deterministic=self.cfg.deterministic,
         )
 
     def run_jobs(self, jobs: list[RolloutJob]) -> list[Any]:
@@ -412,6 +415,9 @@ class Trainer:
             **{f"update/{k}": v for k, v in update.items()},
             **self._sampling,
             **extra,
+            # After the step's buffers went back to the system (sync_rollout_weights): flat across steps.
+            "memory/rss_mb": round(rss_mb(), 1),
+            "memory/peak_rss_mb": round(peak_rss_mb(), 1),
         }
 
     def group_advantages(self, rewards: list[float], groups: list[int]) -> list[float]:
@@ -432,53 +438,11 @@ class Trainer:
         return samples
 
     def ppo_samples(self, trajectories: list[Any]) -> list[UpdateSample]:
-        """Returns update samples with per-turn GAE advantages from the value head.
-
-        The critic values the state before each turn (the hidden state of the token before
-        the turn's first sampled token); the reward arrives on the last turn; advantages are
-        normalised over the batch and broadcast over each turn's sampled tokens.
-        """
+        """Returns update samples with per-turn GAE advantages from the value head (``rl.ppo``)."""
         assert self.value_head is not None
-        per_trajectory: list[list[UpdateSample]] = []
-        for trajectory in trajectories:
-            samples = []
-            for s in trajectory.training_samples():
-                samples.append(UpdateSample(
-                    s.input_ids, s.loss_mask, s.old_logprobs, 0.0,
-                    meta={"turns": [index for index, _ in s.turn_starts], "starts": [p for _, p in s.turn_starts]},
-                    value_positions=[p - 1 for _, p in s.turn_starts],
-                ))
-            per_trajectory.append(samples)
-        flat = [s for samples in per_trajectory for s in samples]
-        if not flat:
-            return []
-        values = compute_values(self.model, self.value_head, flat, self.policy.tokenizer.pad_token_id,
-                                self.cfg.micro_batch_tokens, autocast_dtype=self.autocast_dtype)
-        value_of = {id(s): v for s, v in zip(flat, values, strict=True)}
-        turn_advantages: list[dict[int, tuple[float, float, float]]] = []
-        all_advantages: list[float] = []
-        for trajectory, samples in zip(trajectories, per_trajectory, strict=True):
-            by_turn = {t: v for s in samples for t, v in zip(s.meta["turns"], value_of[id(s)], strict=True)}
-            order = sorted(by_turn)
-            turn_rewards = [0.0] * len(order)
-            if order:
-                turn_rewards[-1] = float(trajectory.reward)
-            adv, ret = gae(turn_rewards, [by_turn[t] for t in order], self.cfg.gamma, self.cfg.gae_lambda)
-            turn_advantages.append({t: (a, r, by_turn[t]) for t, a, r in zip(order, adv, ret, strict=True)})
-            all_advantages += adv
-        mean = float(np.mean(all_advantages)) if all_advantages else 0.0
-        std = float(np.std(all_advantages)) if len(all_advantages) > 1 else 1.0
-        for trajectory, samples, table in zip(trajectories, per_trajectory, turn_advantages, strict=True):
-            for s in samples:
-                token_adv = [0.0] * len(s.input_ids)
-                for turn, start in zip(s.meta["turns"], s.meta["starts"], strict=True):
-                    a = (table[turn][0] - mean) / max(std, 1e-6)
-                    for i in range(start, start + len(trajectory.turns[turn].completion_ids)):
-                        token_adv[i] = a
-                s.advantage = token_adv
-                s.returns = [table[t][1] for t in s.meta["turns"]]
-                s.old_values = [table[t][2] for t in s.meta["turns"]]
-        return flat
+        return ppo_samples(trajectories, self.model, self.value_head, self.policy.tokenizer.pad_token_id,
+                           micro_batch_tokens=self.cfg.micro_batch_tokens, gamma=self.cfg.gamma,
+                           gae_lambda=self.cfg.gae_lambda, autocast_dtype=self.autocast_dtype)
 
     # -- the run ---------------------------------------------------------------------------------
     def warm_start(self) -> dict[str, Any]:
@@ -488,7 +452,7 @@ class Trainer:
         # whole actions (the context window still applies).
         demo_limits = HarnessLimits(
             max_turns=max(cfg.max_turns, 8), max_new_tokens=min(2048, cfg.context_tokens // 2),
-            context_tokens=cfg.context_tokens,
+            context_tokens=cfg.context_tokens, fixed_wall_time=cfg.deterministic,
         )
         demos = oracle_demonstrations(
             self.train_tasks[: cfg.sft_tasks], [c.code for c in self.design.configs], self.policy.tokenizer,

@@ -5,6 +5,11 @@ Each episode is a state machine (``episode.Episode``). The engine keeps up to
 ``policy.generate`` batch, while sandbox steps (laying out workspaces, running commands,
 verifying) run in a thread pool; an episode that finishes frees its slot for the next job
 at once. An episode that raises is recorded with status ``error`` and the rest go on.
+
+Which episodes share a batch is a matter of timing (who left the sandbox first), and a batch's
+shape moves a row's rounding (bfloat16 most). ``deterministic`` runs in lockstep instead:
+every admitted episode reaches its next policy call (or its end) before a batch forms, and the
+batch is in job order, so two runs form the same batches whatever else the machine does.
 """
 
 from __future__ import annotations
@@ -84,7 +89,9 @@ class EngineOptions:
     policy call); ``env_workers`` threads run sandbox steps; ``sampling`` is passed to every
     episode (the harness's per-turn limit still caps it); ``backend`` and ``sandbox_limits``
     open each episode's sandbox (default limits: the harness's command timeout);
-    ``batch_wait_s`` is how long a ready batch waits for episodes still in a sandbox step.
+    ``batch_wait_s`` is how long a ready batch waits for episodes still in a sandbox step;
+    ``deterministic`` waits for all of them instead and orders the batch by job (lockstep: the
+    batches are a function of the jobs, not of timing; ``batch_wait_s`` is then unused).
     """
 
     max_concurrent: int = 8
@@ -93,6 +100,7 @@ class EngineOptions:
     backend: str = "auto"
     sandbox_limits: SandboxLimits | None = None
     batch_wait_s: float = 1.0
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if self.max_concurrent < 1 or self.env_workers < 1:
@@ -122,8 +130,10 @@ class RolloutEngine:
         progress: bool = False,
         on_trajectory: Callable[[int, Trajectory], None] | None = None,
         batch_wait_s: float = 1.0,
+        deterministic: bool = False,
     ) -> None:
-        self.options = EngineOptions(max_concurrent, env_workers, sampling, backend, sandbox_limits, batch_wait_s)
+        self.options = EngineOptions(max_concurrent, env_workers, sampling, backend, sandbox_limits, batch_wait_s,
+                                     deterministic)
         self.policy = policy
         self.progress = progress
         self.on_trajectory = on_trajectory
@@ -232,21 +242,29 @@ class RolloutEngine:
 
             launch()
             while in_flight or waiting:
-                # Take every episode that is ready now; block only when none is.
-                done = {f for f in in_flight if f.done()}
-                if not done and not waiting:
-                    done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-                collect(done)
-                launch()
-                if not waiting:
-                    continue
-                if in_flight and self.options.batch_wait_s > 0:
-                    # Environment steps take milliseconds, generation takes seconds: let
-                    # episodes still in the sandbox join this batch instead of the next, or
-                    # the episodes split into cohorts that never share a batch again.
-                    done, _ = wait(in_flight, timeout=self.options.batch_wait_s)
+                if self.options.deterministic:  # lockstep: all admitted episodes, in job order
+                    while in_flight:
+                        collect(wait(in_flight)[0])
+                        launch()  # freed slots admit the next jobs, which join this batch too
+                    waiting.sort(key=lambda slot: slot.index)
+                    if not waiting:
+                        continue
+                else:
+                    # Take every episode that is ready now; block only when none is.
+                    done = {f for f in in_flight if f.done()}
+                    if not done and not waiting:
+                        done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
                     collect(done)
                     launch()
+                    if not waiting:
+                        continue
+                    if in_flight and self.options.batch_wait_s > 0:
+                        # Environment steps take milliseconds, generation takes seconds: let
+                        # episodes still in the sandbox join this batch instead of the next, or
+                        # the episodes split into cohorts that never share a batch again.
+                        done, _ = wait(in_flight, timeout=self.options.batch_wait_s)
+                        collect(done)
+                        launch()
                 batch, waiting = waiting, []
                 generations = self._generate(batch, stats)
                 batch_sizes.append(len(batch))

@@ -236,9 +236,16 @@ class Episode:
                     return "", []
                 reminders.append(decision.message or "")
                 break  # a submit ends the turn; later calls in the same response are dropped
-            observations.append(harness.observation.format(output))
+            observations.append(harness.observation.format(self._shown(output)))
         state.last_failed = any(o.failed for o in self._last_outputs)
         return "\n".join(observations), reminders
+
+    def _shown(self, output: ToolOutput) -> ToolOutput:
+        """Returns ``output`` as the observation shows it: with the fixed stand-in for its wall
+        time under ``limits.fixed_wall_time`` (the time stays measured in the episode's metrics)."""
+        if not self.limits.fixed_wall_time:
+            return output
+        return replace(output, duration_s=self.limits.command_timeout_s if output.timed_out else 0.0)
 
     def end(self, status: str) -> None:
         """Marks the episode done with ``status`` (``submitted``, ``max_turns``, ``error``, ...);

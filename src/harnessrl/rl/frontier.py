@@ -24,16 +24,25 @@ from typing import Any
 
 import numpy as np
 
+from harnessrl.rl.config import TrainConfig
+
+_FIELDS = TrainConfig.model_fields  # the defaults' one home
+
 
 @dataclass(frozen=True)
 class FrontierSettings:
-    """How the frontier estimates and draws (``TrainConfig``'s ``frontier_*`` fields)."""
+    """How the frontier estimates and draws (``TrainConfig``'s ``frontier_*`` fields, whose
+    defaults these are)."""
 
-    decay: float = 0.7
-    prior: float = 1.0
-    low: float = 0.1
-    high: float = 0.9
-    explore: float = 0.25
+    decay: float = _FIELDS["frontier_decay"].default
+    prior: float = _FIELDS["frontier_prior"].default
+    low: float = _FIELDS["frontier_low"].default
+    high: float = _FIELDS["frontier_high"].default
+    explore: float = _FIELDS["frontier_explore"].default
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig) -> FrontierSettings:
+        return cls(cfg.frontier_decay, cfg.frontier_prior, cfg.frontier_low, cfg.frontier_high, cfg.frontier_explore)
 
 
 class TaskFrontier:

@@ -188,8 +188,7 @@ class Trainer:
         self.schedule = PairingSchedule(
             [t.id for t in self.train_tasks], self.design.configs, cfg.tasks_per_step, cfg.k, cfg.pairing, cfg.seed
         )
-        frontier = (FrontierSettings(cfg.frontier_decay, cfg.frontier_prior, cfg.frontier_low, cfg.frontier_high,
-                                     cfg.frontier_explore) if cfg.frontier else None)
+        frontier = FrontierSettings.from_config(cfg) if cfg.frontier else None
         self.sampler = StepSampler(self.schedule, seed=cfg.seed, frontier=frontier,
                                    max_rounds=cfg.dynamic_sampling_rounds)
         if "sampler" in self.state:

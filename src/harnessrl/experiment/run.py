@@ -128,7 +128,7 @@ def run_experiment(
                 trainer.policy, targets, tasks, k=spec.eval.k, limits=trainer.limits,
                 temperature=spec.eval.temperature, max_new_tokens=cfg.max_new_tokens, seed=spec.eval.seed,
                 max_concurrent=cfg.max_concurrent, env_workers=cfg.env_workers, backend=cfg.sandbox_backend,
-                design=trainer.design, progress=True,
+                design=trainer.design, progress=True, deterministic=cfg.deterministic,
                 # Agent programs evaluated through get the per-turn token limit of in-space episodes.
                 external=ExternalConfig(max_steps=cfg.agent_max_steps, time_limit_s=cfg.agent_time_limit_s,
                                         max_tokens=cfg.max_new_tokens,

@@ -3,7 +3,8 @@
 # seed 0's shared warm start of `make experiment-learn`, one setting changed per point, two points
 # side by side; prints each point's first-pass training reward (first vs last quarter, with the
 # interval over tasks) and its least-squares slope per step. Usage:
-#   examples/sweep_learn.sh [OUT]      (default runs/sweep-learn; finished points are skipped)
+#   examples/sweep_learn.sh [OUT] [POINT ...]   (default runs/sweep-learn, every point; finished
+#                                               points are skipped; POINT none: only the table)
 # The point lr 3e-5 is the experiment's own RL arm (seed 0): its first 10 steps are read, not rerun.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,13 +24,16 @@ declare -A POINTS=(
 )
 run_point() {
   local name=$1
+  [ -n "${POINTS[$name]+set}" ] || { echo "unknown point $name; points: ${!POINTS[*]}" >&2; return 1; }
   [ -f "$OUT/$name/summary.json" ] && { echo "$name: finished earlier"; return; }
   # shellcheck disable=SC2086
   MALLOC_ARENA_MAX=2 OMP_NUM_THREADS=1 "$HARNESSRL" train --run-dir "$OUT/$name" "${COMMON[@]}" ${POINTS[$name]} \
     > "$OUT/$name.log" 2>&1 && echo "$name: done" || echo "$name: FAILED (see $OUT/$name.log)"
 }
 mkdir -p "$OUT"
-names=("${!POINTS[@]}")
+names=("${@:2}")
+[ ${#names[@]} -gt 0 ] || names=("${!POINTS[@]}")
+[ "${names[0]}" = none ] && names=()
 for ((i = 0; i < ${#names[@]}; i += 2)); do
   run_point "${names[i]}" &
   [ $((i + 1)) -lt ${#names[@]} ] && run_point "${names[i + 1]}" &

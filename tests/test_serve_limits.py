@@ -1,11 +1,13 @@
 """The server under abuse, through real sockets: oversized requests get a 413 without the
-body being read (the server's resident memory stays flat), slow headers and slow bodies are
+body being read (the server's resident memory stays flat), bodies in flight are bounded across
+connections (the excess gets a 503 with Retry-After), slow headers and slow bodies are
 cut off at their timeouts, the recorder stays within its memory bound over a long session,
 session names map to distinct record files, a client that goes away costs one log line, and
 the API key can come from the environment instead of the command line."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -169,6 +171,58 @@ def test_a_request_within_the_limit_is_answered():
         large = httpx.post(server.base_url + "/v1/chat/completions", content=b" " * 5000 + CHAT)
     assert small.status_code == 200
     assert large.status_code == 413
+
+
+def test_bodies_in_flight_are_bounded_across_connections_and_the_excess_gets_503_with_retry_after(tmp_path):
+    """Issue 30 item 3: before the bound, 8 concurrent bodies just under the size limit were
+    all read and held at once (+2.1 GB at 15 MiB each); now the bodies in flight hold at most
+    ``--max-inflight-bytes`` together, the next one is refused unread, and memory stays flat."""
+    process, socket_path = serve_process(tmp_path, "--max-request-bytes", str(MiB),
+                                         "--max-inflight-bytes", str(2 * MiB), "--body-timeout", "30")
+    holders: list[socket.socket] = []
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket_path)), base_url="http://localhost") as client:
+            assert client.post("/v1/chat/completions", content=CHAT).status_code == 200  # warm
+            before = memory_kib(process.pid)
+            for _ in range(2):  # two clients declare a full body each and send half of it
+                sock = unix_socket(socket_path)
+                sock.sendall(request_head("/v1/chat/completions", MiB) + b" " * (MiB // 2))
+                holders.append(sock)
+            deadline = time.monotonic() + GUARD_S
+            while client.get("/health").json()["inflight_bytes"] < 2 * MiB:
+                assert time.monotonic() < deadline, "the holders' bodies never counted"
+                time.sleep(0.05)
+            refused = []
+            for _ in range(8):  # eight more large bodies at once: none is read
+                with unix_socket(socket_path) as sock:
+                    sock.sendall(request_head("/v1/chat/completions", MiB // 2))
+                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                        sock.sendall(b" " * (MiB // 2))
+                    refused.append(read_response(sock))
+            assert [status for status, _, _ in refused] == [503] * 8
+            _, headers, body = refused[0]
+            assert headers.get("retry-after") == "1" and headers.get("connection") == "close"
+            assert "retry" in json.loads(body)["error"]["message"]
+            small = client.post("/v1/chat/completions", content=CHAT)
+            assert small.status_code == 503 and small.headers["retry-after"] == "1"  # the bound is for all
+            health = client.get("/health").json()
+            assert health["refused"]["busy"] == 9 and health["inflight_bytes"] == 2 * MiB
+            for sock in holders:  # the holders go away: their bytes are released
+                sock.close()
+            holders.clear()
+            deadline = time.monotonic() + GUARD_S
+            while client.get("/health").json()["inflight_bytes"] != 0:
+                assert time.monotonic() < deadline, "the holders' bytes were never released"
+                time.sleep(0.05)
+            assert client.post("/v1/chat/completions", content=CHAT).status_code == 200
+            after = memory_kib(process.pid)
+    finally:
+        for sock in holders:
+            sock.close()
+        output = stop(process)
+    # what the server held: the two half bodies, not ten bodies' worth
+    assert after["VmHWM"] - before["VmHWM"] < 16 * 1024, (before, after, output)
+    assert "Traceback" not in output, output
 
 
 # ------------------------------------------------------------------ slow clients
@@ -335,7 +389,7 @@ def test_serve_help_names_the_api_key_variable():
     assert "HARNESSRL_API_KEY" in result.stdout
 
 
-@pytest.mark.parametrize("flag", ["--max-request-bytes", "--body-timeout", "--header-timeout"])
+@pytest.mark.parametrize("flag", ["--max-request-bytes", "--max-inflight-bytes", "--body-timeout", "--header-timeout"])
 def test_serve_refuses_non_positive_limits(flag, capsys):
     from harnessrl.cli import main
 

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harnessrl.diskio import append_text, write_text_atomic
+
 # What each prompt token is; only ``policy`` tokens are trained.
 SPAN_SYSTEM = "system"  # the system prompt
 SPAN_TASK = "task"  # the task instruction (first user message)
@@ -204,15 +206,14 @@ class Trajectory:
 
 
 def save_jsonl(trajectories: Iterable[Trajectory], path: str | Path, append: bool = False) -> int:
-    """Writes one trajectory per line; returns how many were written."""
+    """Writes one trajectory per line; returns how many were written. The file is written
+    through a rename (``append``: the lines are appended in one piece, cut back if it fails),
+    so a full disk or a kill never leaves part of a line."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    count = 0
-    with path.open("a" if append else "w", encoding="utf-8") as handle:
-        for trajectory in trajectories:
-            handle.write(json.dumps(trajectory.to_dict(), ensure_ascii=False) + "\n")
-            count += 1
-    return count
+    lines = [json.dumps(trajectory.to_dict(), ensure_ascii=False) + "\n" for trajectory in trajectories]
+    (append_text if append else write_text_atomic)(path, "".join(lines))
+    return len(lines)
 
 
 def iter_jsonl(path: str | Path) -> Iterator[Trajectory]:

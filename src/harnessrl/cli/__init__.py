@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from harnessrl import __version__
 from harnessrl.cli.common import HelpFormatter, Parser
+from harnessrl.diskio import DiskFull
 from harnessrl.memory import limit_malloc_arenas
 
 
@@ -44,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminated(signum: int, _frame: object) -> None:
+    """SIGTERM ends the command as an exception would: ``finally`` blocks and finalizers run,
+    so a trainer stopped this way leaves no episode workspace behind."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the process exit code."""
     limit_malloc_arenas()  # before any thread allocates: training's memory stays bounded (harnessrl.memory)
@@ -52,8 +61,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    main_thread = threading.current_thread() is threading.main_thread()
+    # SIGTERM runs the cleanups (episode workspaces) as an exception would; `serve` sets its own.
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         return int(args.func(args) or 0)
+    except DiskFull as exc:  # the folder, the space left and how to go on: not a traceback
+        print(f"harnessrl {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()
         return 0
@@ -64,6 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Bad input (a config, a code, a task file): a clear message, not a traceback.
         print(f"harnessrl {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-request-bytes", type=int, default=None,
                    help="larger request bodies get a 413 before they are read (default: what the served "
                    f"context can hold, at most {MAX_REQUEST_BYTES})")
+    p.add_argument("--max-inflight-bytes", type=int, default=None,
+                   help="bytes all request bodies in flight may hold together; beyond, a 503 with Retry-After "
+                   "(default: 4 largest bodies)")
     p.add_argument("--body-timeout", type=float, default=BODY_TIMEOUT_S,
                    help="seconds a request body may take to arrive, else a 408 (default: %(default)s)")
     p.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT_S,
@@ -108,7 +111,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from harnessrl.serve.recorder import ConversationRecorder
     from harnessrl.serve.runner import ServerThread
 
-    for flag, value in (("--max-request-bytes", args.max_request_bytes), ("--body-timeout", args.body_timeout),
+    for flag, value in (("--max-request-bytes", args.max_request_bytes),
+                        ("--max-inflight-bytes", args.max_inflight_bytes), ("--body-timeout", args.body_timeout),
                         ("--header-timeout", args.header_timeout)):
         if value is not None and not value > 0:
             raise ValueError(f"{flag} must be positive, got {value}")
@@ -119,7 +123,7 @@ def run_serve(args: argparse.Namespace) -> int:
         policy, model_name=args.model_name, api_key=api_key, recorder=recorder,
         default_max_tokens=args.max_tokens, max_batch_size=args.max_batch_size,
         context_length=args.context_tokens, max_request_bytes=args.max_request_bytes,
-        body_timeout_s=args.body_timeout,
+        max_inflight_bytes=args.max_inflight_bytes, body_timeout_s=args.body_timeout,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

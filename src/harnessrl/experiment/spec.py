@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -12,6 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from harnessrl.diskio import write_text_atomic
 from harnessrl.rl.config import TrainConfig, load_config
 
 Logger = Callable[[str], None]
@@ -271,6 +271,4 @@ def executor_rollouts_bound(cfg: TrainConfig) -> dict[str, int]:
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Writes ``data`` as JSON through a rename, so a killed run never leaves half a marker."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(data, indent=2))

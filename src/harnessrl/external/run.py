@@ -1,8 +1,9 @@
 """Running an external agent on tasks: server, sandbox, relay, agent, verifier, trajectory.
 
 `AgentServer` serves a policy (`harnessrl serve`) on a Unix socket in a folder of its own,
-with a random API key, a recorder, and the relay program beside the socket. For each task,
-`run_task` lays the task's workspace into a fresh sandbox that also shows the agent's install
+with a random operator key it keeps to itself, a recorder, and the relay program beside the
+socket. For each task, `run_task` gives the agent a key of the run's own session (it can call
+the server as that session only, and the key is revoked when the run ends), lays the task's workspace into a fresh sandbox that also shows the agent's install
 folder (read-only), the server's folder (read-only) and a fresh state folder (HOME, logs, the
 task text; writable); inside it starts the relay on ``127.0.0.1:RELAY_PORT`` and then the
 agent, non-interactively, under the run's time limit. When the agent exits (or is killed at
@@ -138,9 +139,11 @@ class AgentServer:
     def __init__(self, policy: Policy, model_name: str = "harnessrl", max_tokens: int | None = None) -> None:
         from harnessrl.harness.chat import ByteTokenizer
         from harnessrl.serve.app import create_app
+        from harnessrl.serve.auth import Credentials
         from harnessrl.serve.recorder import ConversationRecorder
 
-        self.api_key = "harnessrl-" + secrets.token_hex(16)
+        self.api_key = "harnessrl-" + secrets.token_hex(16)  # the operator's: never given to an agent
+        self.credentials = Credentials(self.api_key)
         self.recorder = ConversationRecorder()
         self.folder = Path(tempfile.mkdtemp(prefix="harnessrl-serve-"))
         os.chmod(self.folder, 0o755)  # the sandbox user connects to the socket in it
@@ -149,9 +152,18 @@ class AgentServer:
         if max_tokens is None:
             max_tokens = default_max_tokens(policy, ByteTokenizer)
         self.max_tokens = max_tokens
-        self.app = create_app(policy, model_name=model_name, api_key=self.api_key,
+        self.app = create_app(policy, model_name=model_name, credentials=self.credentials,
                               recorder=self.recorder, default_max_tokens=max_tokens)
         self._thread: Any = None
+
+    def session_key(self, session: str) -> str:
+        """Returns a new key that calls the server as ``session`` and cannot name another one
+        (``serve/auth.py``); `revoke` withdraws it when the run ends."""
+        return self.credentials.issue(session)
+
+    def revoke(self, session: str) -> None:
+        """Withdraws the keys of ``session``: a process the run left behind can no longer call."""
+        self.credentials.revoke(session)
 
     @property
     def socket_path(self) -> Path:
@@ -266,9 +278,10 @@ def run_task(agent: ExternalAgent, task: Task, server: AgentServer, config: Exte
     folder, entry = require_installed(agent.name, agent.plan())
     session = session_name(task.id, run)
     state = _state_folder(task)
-    agent_run = AgentRun(
+    agent_run = AgentRun(  # the key, not the guessable name, holds the agent to its session
         session=session, base_url=f"http://127.0.0.1:{RELAY_PORT}/s/{session}", model=config.model,
-        api_key=server.api_key, max_steps=config.max_steps, time_limit_s=config.time_limit_s, state=state,
+        api_key=server.session_key(session), max_steps=config.max_steps, time_limit_s=config.time_limit_s,
+        state=state,
     )
     result: ExecResult | None = None
     answer: str | None = None
@@ -302,6 +315,7 @@ def run_task(agent: ExternalAgent, task: Task, server: AgentServer, config: Exte
         logger.warning("external %s on %s: %s", agent.name, task.id, exc)
         error = f"{type(exc).__name__}: {exc}"
     finally:
+        server.revoke(session)
         workspace.close()
     log_path = _keep_logs(state, config, agent, session, result)
     shutil.rmtree(state, ignore_errors=True)

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from harnessrl.diskio import DiskFull
+
 STATE_FILE = "trainer_state.json"
 MANIFEST_FILE = "manifest.json"
 OPTIMIZER_FILE = "optim.pt"
@@ -103,6 +105,24 @@ def checkpoint_is_complete(folder: Path) -> bool:
     )
 
 
+def _write_checkpoint(tmp: Path, step: int, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer,
+                      scheduler: Any, state: dict[str, Any], extra_modules: dict[str, torch.nn.Module] | None,
+                      model_state: dict[str, torch.Tensor] | None, optimizer_state: dict[str, Any] | None) -> None:
+    """Writes every file of checkpoint ``step`` into the folder ``tmp`` (see `save_checkpoint`)."""
+    model.save_pretrained(tmp / "model", safe_serialization=True, **({"state_dict": model_state} if model_state else {}))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp / "model")
+    torch.save(
+        {"optimizer": optimizer_state or optimizer.state_dict(), "scheduler": scheduler.state_dict() if scheduler else None, "rng": _rng_state()},
+        tmp / OPTIMIZER_FILE,
+    )
+    for module_name, module in (extra_modules or {}).items():
+        torch.save(module.state_dict(), tmp / f"{module_name}.pt")
+    (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2), encoding="utf-8")
+    _write_synced(tmp / MANIFEST_FILE, json.dumps({"step": step, "files": _manifest(tmp)}, indent=2))
+    _fsync(tmp)
+
+
 def save_checkpoint(
     run_dir: str | Path,
     step: int,
@@ -128,18 +148,12 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)  # an unfinished earlier attempt at this step
     tmp.mkdir()
-    model.save_pretrained(tmp / "model", safe_serialization=True, **({"state_dict": model_state} if model_state else {}))
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp / "model")
-    torch.save(
-        {"optimizer": optimizer_state or optimizer.state_dict(), "scheduler": scheduler.state_dict() if scheduler else None, "rng": _rng_state()},
-        tmp / OPTIMIZER_FILE,
-    )
-    for module_name, module in (extra_modules or {}).items():
-        torch.save(module.state_dict(), tmp / f"{module_name}.pt")
-    (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2), encoding="utf-8")
-    _write_synced(tmp / MANIFEST_FILE, json.dumps({"step": step, "files": _manifest(tmp)}, indent=2))
-    _fsync(tmp)
+    try:
+        _write_checkpoint(tmp, step, model, tokenizer, optimizer, scheduler, state, extra_modules, model_state,
+                          optimizer_state)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a full disk keeps the space it had, not half a checkpoint
+        raise
     if final.exists():
         if old.exists():
             shutil.rmtree(old)  # superseded long ago: ``final`` is complete
@@ -178,6 +192,29 @@ def _prune(root: Path, keep: int) -> None:
                 shutil.rmtree(trash)
             os.rename(path, trash)
             shutil.rmtree(trash, ignore_errors=True)
+
+
+def checkpoint_bytes(run_dir: str | Path) -> int | None:
+    """Returns the size of the newest complete checkpoint of ``run_dir`` (what the next one
+    needs, about), or None when there is none."""
+    placed = _placed(Path(run_dir) / "checkpoints")
+    if not placed:
+        return None
+    return sum(f.stat().st_size for f in placed[-1][1].rglob("*") if f.is_file())
+
+
+def disk_full_error(run_dir: str | Path, exc: BaseException, model: Any = None) -> DiskFull:
+    """Returns the `DiskFull` a full disk during training becomes: the run folder, the space
+    left and needed (the last checkpoint's size, else ``model``'s weights and two optimizer
+    moments, or the failed write's if larger), and where a rerun resumes."""
+    latest = latest_checkpoint(run_dir)
+    estimate = checkpoint_bytes(run_dir)
+    if estimate is None and model is not None:
+        estimate = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+    needed = max(estimate or 0, getattr(exc, "needed", None) or 0) or None
+    where = f"checkpoint {latest.name}" if latest is not None else "the start (no checkpoint was written)"
+    return DiskFull(run_dir, needed=needed,
+                    hint=f"free space and run the same command again; it resumes from {where}")
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

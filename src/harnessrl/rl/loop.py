@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from harnessrl.design import make_design
+from harnessrl.diskio import append_text, is_disk_full, write_text_atomic
 from harnessrl.eval.behaviour import rates
 from harnessrl.eval.evaluate import EvalResult, evaluate
 from harnessrl.eval.sets import EvalTarget
@@ -38,6 +39,7 @@ from harnessrl.rescue.router import TaskInfo
 from harnessrl.rl.advantages import grpo_advantages, no_signal_fraction, rloo_advantages
 from harnessrl.rl.blackbox import AgentRollouts, rollout_cost
 from harnessrl.rl.checkpoint import (
+    disk_full_error,
     latest_checkpoint,
     load_training_state,
     recover_checkpoints,
@@ -63,6 +65,7 @@ from harnessrl.rl.tracking import Tracker
 from harnessrl.rl.update import UpdateSample, update_step
 from harnessrl.rl.weight_version import check_current, stamp_weight_version
 from harnessrl.rollout.engine import RolloutEngine, RolloutJob
+from harnessrl.sandbox.workspace import remove_stale_workspaces
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import save_jsonl
 
@@ -94,7 +97,9 @@ class Trainer:
             self.parallel.barrier()  # every rank has looked at the directory before rank 0 fills it
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.main:
-            (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2), encoding="utf-8")
+            write_text_atomic(self.run_dir / "config.json", cfg.model_dump_json(indent=2))
+            if removed := remove_stale_workspaces():
+                log(f"removed {removed} episode workspace(s) a killed run left behind")
         seed_everything(cfg.seed)
 
         from harnessrl.policy import make_training_policy
@@ -488,13 +493,12 @@ class Trainer:
             line for line in self.metrics_path.read_text(encoding="utf-8").splitlines()
             if line.strip() and json.loads(line).get("step", -1) < step
         ]
-        self.metrics_path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+        write_text_atomic(self.metrics_path, "".join(f"{line}\n" for line in kept))
 
     def write_metrics(self, record: dict[str, Any]) -> None:
         if not self.main:
             return
-        with self.metrics_path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+        append_text(self.metrics_path, json.dumps(record) + "\n")  # a whole line or none
         self.tracker.log_step(record)
 
     def checkpoint(self, step: int) -> None:
@@ -516,6 +520,16 @@ class Trainer:
             self.parallel.barrier()
 
     def run(self) -> dict[str, Any]:
+        """Trains, evaluates and reports; returns the summary. A full disk ends it with a
+        `DiskFull` that names the run folder and the checkpoint a rerun resumes from."""
+        try:
+            return self._run()
+        except Exception as exc:
+            if is_disk_full(exc):
+                raise disk_full_error(self.run_dir, exc, getattr(self, "model", None)) from exc
+            raise
+
+    def _run(self) -> dict[str, Any]:
         cfg = self.cfg
         start = int(self.state.get("step", 0))
         if start == 0 and "base_eval" not in self.state:
@@ -555,8 +569,8 @@ class Trainer:
         summary = self.summary()
         if not self.main:
             return summary
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
-        (self.run_dir / "summary.md").write_text(format_summary(summary), encoding="utf-8")
+        write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+        write_text_atomic(self.run_dir / "summary.md", format_summary(summary))
         self.write_report()
         self.tracker.close()
         return summary

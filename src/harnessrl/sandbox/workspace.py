@@ -1,12 +1,21 @@
-"""`Workspace`: the fresh host directory of one episode, and confinement of paths to it."""
+"""`Workspace`: the fresh host directory of one episode, and confinement of paths to it.
+
+A workspace that is removed on close holds an exclusive ``flock`` on a lock file beside it
+(``<root>.lock``, outside the workspace, so the policy never sees it) for as long as its
+process lives. A process ended by SIGKILL removes nothing, but its locks go with it:
+`remove_stale_workspaces` (run when a trainer starts) removes every workspace whose lock
+nobody holds, whatever PID namespace its owner ran in.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import shutil
 import tempfile
+import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -32,6 +41,48 @@ def _remove_tree(path: str) -> None:
         logger.warning("sandbox: could not remove workspace %s completely", path)
 
 
+def _release(root: str, lock_fd: int | None) -> None:
+    """Removes a workspace, then its lock file, then lets the lock go."""
+    _remove_tree(root)
+    if lock_fd is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(root + LOCK_SUFFIX)
+        with contextlib.suppress(OSError):
+            os.close(lock_fd)
+
+
+LOCK_SUFFIX = ".lock"
+STALE_AFTER_S = 60.0  # an unheld lock this new may be one its owner has created and not yet taken
+
+
+def remove_stale_workspaces(base_dir: str | Path | None = None) -> int:
+    """Removes the workspaces under ``base_dir`` (default: the temporary folder) that a dead
+    process left (its lock file is there and nobody holds it); returns how many."""
+    base = Path(base_dir) if base_dir is not None else Path(tempfile.gettempdir())
+    removed = 0
+    with contextlib.suppress(OSError):
+        for lock in base.glob(f"*{LOCK_SUFFIX}"):
+            root = str(lock)[: -len(LOCK_SUFFIX)]
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if time.time() - os.fstat(fd).st_mtime < STALE_AFTER_S:  # its owner may be taking the lock
+                    raise BlockingIOError
+            except OSError:  # held: its owner is alive
+                os.close(fd)
+                continue
+            if os.path.isdir(root) and not os.path.islink(root):
+                _remove_tree(root)
+                removed += 1
+            _release(root, fd)
+    if removed:
+        logger.info("sandbox: removed %d workspace(s) a killed process left in %s", removed, base)
+    return removed
+
+
 class Workspace:
     """A fresh directory for one episode, removed on `close` unless ``keep`` is set.
 
@@ -44,7 +95,12 @@ class Workspace:
         base.mkdir(parents=True, exist_ok=True)
         self.root: Path = Path(os.path.realpath(tempfile.mkdtemp(prefix=prefix, dir=base)))
         self.keep = keep
-        self._finalizer = weakref.finalize(self, _remove_tree, str(self.root))
+        lock_fd = None
+        if not keep:  # a kept workspace is for a person to read: no sweep may take it
+            lock_fd = os.open(str(self.root) + LOCK_SUFFIX, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            os.set_inheritable(lock_fd, False)
+        self._finalizer = weakref.finalize(self, _release, str(self.root), lock_fd)
         if keep:
             self._finalizer.detach()
 

@@ -3,8 +3,10 @@ one Policy, each at ``/v1/...`` and at ``/s/{session}/v1/...``.
 
 ``session`` (the path segment, else the ``X-Harnessrl-Session`` header) names the client
 conversation for recording; unnamed requests are grouped by message prefix (see
-``serve/recorder.py``). Any API key is accepted unless ``api_key`` is set; then it must come
-as ``Authorization: Bearer <key>`` or ``x-api-key: <key>``. Every error, including malformed
+``serve/recorder.py``). Any API key is accepted unless a key is set (``serve/auth.py``: the
+operator's, which may name any session, and session keys, each held to its own session: another
+session gets a 403); then it must come as ``Authorization: Bearer <key>`` or ``x-api-key:
+<key>``, and ``/health`` without one says only that the server is up. Every error, including malformed
 JSON, unknown routes and unexpected exceptions, has the error shape of the route's API:
 OpenAI ``{"error": {"message", "type", "param", "code"}}``, Anthropic ``{"type": "error",
 "error": {"type", "message"}}``. Unknown fields and headers are ignored. A body over
@@ -21,7 +23,6 @@ import asyncio
 import functools
 import json
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
@@ -33,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from harnessrl.policy.base import Policy
 from harnessrl.serve import anthropic_messages, fields, openai_chat, openai_responses
+from harnessrl.serve.auth import Credentials, Refused
 from harnessrl.serve.engine import (
     CompletionSet,
     ContextOverflow,
@@ -43,7 +45,7 @@ from harnessrl.serve.engine import (
     ServeEngine,
     new_id,
 )
-from harnessrl.serve.limits import RequestLimits, body_limit
+from harnessrl.serve.limits import LimitCounters, RequestLimits, body_limit
 from harnessrl.serve.recorder import ConversationRecorder
 
 logger = logging.getLogger("harnessrl.serve")
@@ -69,6 +71,13 @@ def family_of(path: str) -> str:
     return ANTHROPIC if "/v1/messages" in path else OPENAI
 
 
+def given_keys(request: Request) -> tuple[str, str]:
+    """Returns the keys a request shows: ``x-api-key`` and ``Authorization: Bearer``."""
+    authorization = request.headers.get("authorization") or ""
+    bearer = authorization[7:].strip() if authorization.lower().startswith("bearer ") else ""
+    return request.headers.get("x-api-key") or "", bearer
+
+
 def error_response(family: str, error: ApiError) -> JSONResponse:
     """Returns ``error`` in the shape of ``family``."""
     if family == ANTHROPIC:
@@ -81,7 +90,7 @@ def error_response(family: str, error: ApiError) -> JSONResponse:
 _STATUS_KINDS = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
     404: "not_found_error", 405: "invalid_request_error", 408: "invalid_request_error",
-    413: "request_too_large", 429: "rate_limit_error",
+    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
 }
 MAX_REQUEST_BYTES = 16 << 20  # far above an agent's largest context, far below what hurts the host
 BODY_TIMEOUT_S = 60.0
@@ -92,6 +101,7 @@ def create_app(
     *,
     model_name: str | None = None,
     api_key: str | None = None,
+    credentials: Credentials | None = None,
     recorder: ConversationRecorder | None = None,
     default_max_tokens: int = 1024,
     max_output_tokens: int | None = None,
@@ -99,29 +109,36 @@ def create_app(
     max_batch_size: int = 64,
     stream_keepalive_s: float = 5.0,
     max_request_bytes: int | None = None,
+    max_inflight_bytes: int | None = None,
     body_timeout_s: float = BODY_TIMEOUT_S,
 ) -> FastAPI:
     """Returns the server application over ``policy``.
 
     ``model_name`` is the id ``/v1/models`` lists and responses carry (default: the policy's
-    name); ``recorder`` keeps every exchange; ``default_max_tokens`` applies when a request
+    name); ``api_key`` is the operator's key, or ``credentials`` holds it and the session keys
+    (``serve/auth.py``; give one or neither); ``recorder`` keeps every exchange; ``default_max_tokens`` applies when a request
     names no output limit, ``max_output_tokens`` caps every request, ``context_length``
     overrides the policy's context window; at most ``max_batch_size`` requests share one
     ``policy.generate`` call; a stream sends a keep-alive every ``stream_keepalive_s`` while
     the policy works; a request body may hold at most ``max_request_bytes`` (default: what
     the served context can hold, ``limits.body_limit``, at most ``MAX_REQUEST_BYTES``) and
-    must arrive within ``body_timeout_s``.
+    must arrive within ``body_timeout_s``; all bodies in flight together at most
+    ``max_inflight_bytes`` (default ``limits.INFLIGHT_BODIES`` largest bodies: beyond, a 503).
     """
     engine = ServeEngine(
         policy, recorder=recorder, context_length=context_length, default_max_tokens=default_max_tokens,
         max_output_tokens=max_output_tokens, max_batch_size=max_batch_size,
     )
+    if credentials is not None and api_key is not None:
+        raise ValueError("create_app takes api_key or credentials (which holds the operator key), not both")
+    credentials = credentials or Credentials(api_key)
     model = model_name or getattr(policy, "name", "policy")
     created = int(time.time())
     app = FastAPI(title="harnessrl serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = engine
     app.state.recorder = recorder
     app.state.model_name = model
+    app.state.credentials = credentials
     app.router.add_event_handler("shutdown", engine.close)
 
     def refusal(path: str, status: int, message: str) -> JSONResponse:
@@ -130,7 +147,9 @@ def create_app(
     if max_request_bytes is None:
         max_request_bytes = body_limit(engine.context_length, engine.max_token_bytes(), MAX_REQUEST_BYTES)
     app.state.max_request_bytes = max_request_bytes
-    app.add_middleware(RequestLimits, max_request_bytes=max_request_bytes, body_timeout_s=body_timeout_s, refusal=refusal)
+    app.state.limits = LimitCounters()
+    app.add_middleware(RequestLimits, max_request_bytes=max_request_bytes, body_timeout_s=body_timeout_s, refusal=refusal,
+                       max_inflight_bytes=max_inflight_bytes, counters=app.state.limits)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -143,15 +162,17 @@ def create_app(
         return error_response(family_of(request.url.path), ApiError(400, "invalid_request_error", str(exc)[:500]))
 
     def check_key(request: Request) -> None:
-        if api_key is None:
-            return
-        authorization = request.headers.get("authorization") or ""
-        bearer = authorization[7:].strip() if authorization.lower().startswith("bearer ") else ""
-        given = [request.headers.get("x-api-key") or "", bearer]
-        if not any(secrets.compare_digest(key.encode(), api_key.encode()) for key in given):
+        """Resolves the request's session (``request.state.session``) from its key and the
+        session it names (see ``serve/auth.py``), or raises the 401/403."""
+        named = request.path_params.get("session") or request.headers.get(SESSION_HEADER) or None
+        try:
+            request.state.session = credentials.authorize(given_keys(request), named)
+        except Refused as exc:
             # OpenAI calls a wrong key an invalid request; Anthropic an authentication error.
-            kind = "authentication_error" if family_of(request.url.path) == ANTHROPIC else "invalid_request_error"
-            raise ApiError(401, kind, "invalid API key", code="invalid_api_key")
+            anthropic = family_of(request.url.path) == ANTHROPIC
+            kind = ("authentication_error" if anthropic else "invalid_request_error") if exc.status == 401 \
+                else "permission_error"
+            raise ApiError(exc.status, kind, exc.message, code="invalid_api_key" if exc.status == 401 else None) from None
 
     async def read_body(request: Request) -> dict[str, Any]:
         raw = await request.body()
@@ -164,14 +185,10 @@ def create_app(
         fields.reject_surrogates(body, raw=raw)
         return body
 
-    def session_of(request: Request) -> str | None:
-        session = request.path_params.get("session") or request.headers.get(SESSION_HEADER)
-        return session or None
-
     async def start(request: Request, parsed: ParsedRequest) -> PendingCompletion:
         """Queues ``parsed`` and watches its connection until the answer is ready: a client
         that disconnects first abandons the request (skipped if queued, stopped if sampling)."""
-        pending = await engine.start(parsed, session=session_of(request))
+        pending = await engine.start(parsed, session=request.state.session)
 
         async def until_gone() -> None:
             while (await request.receive())["type"] != "http.disconnect":
@@ -352,11 +369,16 @@ def create_app(
             app.add_api_route(prefix + path, api_route(handler), methods=[method], include_in_schema=False)
 
     @app.get("/health", include_in_schema=False)
-    async def health() -> dict[str, Any]:
+    async def health(request: Request) -> dict[str, Any]:
+        # With keys in force, the counters (which tell one client about others) need a key.
+        if not credentials.holder(given_keys(request))[0]:
+            return {"status": "ok"}
         return {"status": "ok", "model": model, "batches": engine.batcher.batches, "requests": engine.batcher.requests,
                 "undeclared_tool_calls": engine.undeclared_tool_calls, "queued_requests": engine.batcher.queued,
                 "abandoned_requests": engine.abandoned,
-                "aborted_generations": engine.batcher.aborted}
+                "aborted_generations": engine.batcher.aborted, "inflight_bytes": app.state.limits.inflight_bytes,
+                "refused": {"too_large": app.state.limits.too_large, "too_slow": app.state.limits.too_slow,
+                            "busy": app.state.limits.busy}}
 
     return app
 

@@ -4,6 +4,7 @@ metrics on hand-built and real episodes, per-factor analysis, and `harnessrl eva
 import dataclasses
 import itertools
 import json
+import re
 import sys
 import types
 from math import comb
@@ -84,25 +85,21 @@ def test_resolve_eval_set_groups_training_held_out_and_out_of_space_targets():
     assert resolve_harness_set("design") == DESIGN.codes  # the rollout command's sets use the same function
 
 
-def test_resolve_eval_set_names_the_fix_for_bad_parts(monkeypatch):
+def test_resolve_eval_set_names_the_fix_for_bad_parts():
     with pytest.raises(ValueError, match=r"neither a set .* nor a configuration code"):
         resolve_eval_set("held-out,S9-T0-O0-C0-W0", DESIGN)
-    monkeypatch.setattr(sets, "EXTERNAL_MODULE", "harnessrl.no_such_external_module")
-    with pytest.raises(ValueError, match=r"ext:<name>.*no_such_external_module.*use 'out-of-space'"):
-        resolve_eval_set("ext:claude-code", DESIGN)
     with pytest.raises(ValueError, match="no harnesses"):
         resolve_eval_set(" , ", DESIGN)
 
 
-def test_ext_targets_resolve_through_the_external_agents_module(monkeypatch):
-    module = types.ModuleType("fake_external_agents")
-    module.external_agent_names = lambda: ["claude-code", "openclaw"]
-    monkeypatch.setitem(sys.modules, "fake_external_agents", module)
-    monkeypatch.setattr(sets, "EXTERNAL_MODULE", "fake_external_agents")
+def test_ext_targets_resolve_through_the_external_agents_module():
+    from harnessrl.external import external_agent_names
+
     targets = resolve_eval_set("ext:openclaw,held-out", DESIGN, held_out=1)
     assert targets[0] == sets.EvalTarget("ext:openclaw", "external") and targets[1].group == "in_space"
-    with pytest.raises(ValueError, match=r"unknown external agent 'ext:codex'; known: ext:claude-code, ext:openclaw"):
-        resolve_eval_set("ext:codex", DESIGN)
+    known = ", ".join(f"ext:{name}" for name in external_agent_names())
+    with pytest.raises(ValueError, match=rf"unknown external agent 'ext:codexx'; known: {re.escape(known)}"):
+        resolve_eval_set("ext:codexx", DESIGN)
 
 
 # --- behaviour metrics ---------------------------------------------------------------------------
@@ -304,6 +301,7 @@ def test_evaluate_hands_ext_targets_to_the_external_agents_runner(monkeypatch):
     run.ExternalConfig, run.evaluate_external_targets = ExternalConfig, evaluate_external_targets
     monkeypatch.setitem(sys.modules, "harnessrl.external", package)
     monkeypatch.setitem(sys.modules, "harnessrl.external.run", run)
+    monkeypatch.setattr(sets, "external", package)  # the agents evaluation sets know
     targets = resolve_eval_set("ext:mini,S0-T0-O0-C0-W0", DESIGN)
     tasks = list(load_suite("workspace").tasks("test", limit=1, seed=0))
     result = evaluate(OraclePolicy(), targets, tasks, k=2, limits=ORACLE_LIMITS, backend="auto", design=DESIGN)

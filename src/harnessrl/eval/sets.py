@@ -3,26 +3,22 @@
 A target is one harness to evaluate through, with the group it is reported under:
 ``train`` (a configuration of the training design), ``in_space`` (any other configuration
 of the 243), ``out_of_space`` (a built-in harness outside the space), ``external`` (an
-external agent program, ``ext:<name>``, resolved by the external-agents module when
-it is installed) or ``sibling`` (a member of a sibling pool: ``pool:DIR`` or ``DIR#ID``).
+external agent program, ``ext:<name>``, one of ``harnessrl.external``'s) or ``sibling`` (a member of a sibling pool: ``pool:DIR`` or ``DIR#ID``).
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
+from harnessrl import external
 from harnessrl.design import Design, orthogonal
+from harnessrl.external import EXTERNAL_PREFIX
 from harnessrl.harness.harness import OUT_OF_SPACE_PRESETS, SIBLING_SEPARATOR, out_of_space_names
 from harnessrl.harness.registry import default_space
 from harnessrl.rescue.pool import POOL_PREFIX, resolve_pool_spec
 
 EVAL_SETS: tuple[str, ...] = ("train", "design", "held-out", "out-of-space", "space", "all")
 GROUPS: tuple[str, ...] = ("train", "in_space", "out_of_space", "external", "sibling")
-EXTERNAL_PREFIX = "ext:"
-# The module that knows external agent programs: it must offer
-# ``external_agent_names() -> list[str]``.
-EXTERNAL_MODULE = "harnessrl.external"
 
 
 @dataclass(frozen=True)
@@ -35,17 +31,8 @@ class EvalTarget:
 
 
 def external_agent_names() -> list[str]:
-    """Returns the external agent programs known to this install; raises ``ValueError`` naming
-    the fix when the external-agents module is not installed."""
-    try:
-        module = importlib.import_module(EXTERNAL_MODULE)
-    except ImportError:
-        raise ValueError(
-            f"external agent targets ({EXTERNAL_PREFIX}<name>) need the module {EXTERNAL_MODULE}, "
-            "which this install does not have; use 'out-of-space' for the built-in harnesses "
-            f"outside the space ({', '.join(out_of_space_names())}) or install the external-agents support"
-        ) from None
-    return list(module.external_agent_names())
+    """Returns the external agent programs harnessrl knows (``harnessrl.external``)."""
+    return external.external_agent_names()
 
 
 def resolve_eval_set(spec: str, design: Design, held_out: int = 18, seed: int = 0) -> list[EvalTarget]:

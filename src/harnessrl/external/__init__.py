@@ -6,6 +6,10 @@ loopback networking, pointed at `harnessrl serve` through a relay (`relay`), and
 task's verifier afterwards (`run`). ``ext:<name>`` names them as evaluation configurations.
 """
 
+EXTERNAL_PREFIX = "ext:"
+"""How an external agent is named as an evaluation configuration or a ``rollout_through``:
+``ext:<name>`` (the one definition; evaluation, black-box training and the config use it)."""
+
 
 def external_agent_names() -> list[str]:
     """Returns the names of the external agents harnessrl knows (``ext:<name>`` in evaluation);

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harnessrl.external import EXTERNAL_PREFIX
 from harnessrl.external.agents import (
     AGENT_MOUNT,
     LOGS,
@@ -351,10 +352,6 @@ def run_task(agent: ExternalAgent, task: Task, server: AgentServer, config: Exte
     if verdict is not None:
         trajectory.verdict = [{"name": r.name, "passed": r.passed, "detail": r.detail} for r in verdict.results]
     return trajectory
-
-
-EXTERNAL_PREFIX = "ext:"
-"""How evaluation names an external agent as a configuration: ``ext:<name>``."""
 
 
 def split_external(names: Sequence[str]) -> tuple[list[str], list[str]]:

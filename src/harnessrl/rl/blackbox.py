@@ -47,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from harnessrl.external import EXTERNAL_PREFIX
 from harnessrl.external.agents import get_agent
 from harnessrl.external.gold_replay import GoldReplayPolicy, session_name
 from harnessrl.external.install import require_installed
@@ -56,18 +57,15 @@ from harnessrl.policy.forced import ForcedSampling
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import Trajectory
 
-AGENT_PREFIX = "ext:"
-"""How ``rollout_through`` names an agent program: ``ext:<name>``."""
-
 
 def rollout_agent(rollout_through: str) -> str | None:
     """Returns the agent program named by ``rollout_through`` (None for ``harness``); raises
     ``ValueError`` naming the known agents for an unknown one."""
     if rollout_through == "harness":
         return None
-    if not rollout_through.startswith(AGENT_PREFIX):
+    if not rollout_through.startswith(EXTERNAL_PREFIX):
         raise ValueError(f"rollout_through must be 'harness' or 'ext:<agent>', got {rollout_through!r}")
-    return get_agent(rollout_through[len(AGENT_PREFIX):]).name
+    return get_agent(rollout_through[len(EXTERNAL_PREFIX):]).name
 
 
 @dataclass

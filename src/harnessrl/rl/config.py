@@ -17,6 +17,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from harnessrl.external import EXTERNAL_PREFIX
 from harnessrl.sandbox import BACKENDS
 
 # The names `policy/hf.py` resolves (importing it here would import torch with the config).
@@ -303,7 +304,7 @@ class TrainConfig(BaseModel):
                 "mini_batches or raise tasks_per_step or group_size"
             )
         if self.rollout_through != "harness":
-            if not self.rollout_through.startswith("ext:") or not self.rollout_through[4:]:
+            if not self.rollout_through.startswith(EXTERNAL_PREFIX) or not self.rollout_through[len(EXTERNAL_PREFIX):]:
                 raise ValueError(f"rollout_through must be 'harness' or 'ext:<agent>' (e.g. ext:openclaw), "
                                  f"got {self.rollout_through!r}")
             if self.rescue != "none" or self.algorithm != "grpo":

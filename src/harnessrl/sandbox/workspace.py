@@ -1,10 +1,11 @@
 """`Workspace`: the fresh host directory of one episode, and confinement of paths to it.
 
 A workspace that is removed on close holds an exclusive ``flock`` on a lock file beside it
-(``<root>.lock``, outside the workspace, so the policy never sees it) for as long as its
-process lives. A process ended by SIGKILL removes nothing, but its locks go with it:
-`remove_stale_workspaces` (run when a trainer starts) removes every workspace whose lock
-nobody holds, whatever PID namespace its owner ran in.
+(``<root>.harnessrl-workspace.lock``, outside the workspace, so the policy never sees it) for
+as long as its process lives. A process ended by SIGKILL removes nothing, but its locks go
+with it: `remove_stale_workspaces` (run when a trainer starts) removes every workspace whose
+lock nobody holds, whatever PID namespace its owner ran in; only files with that suffix are
+considered, so no other program's lock is taken for one of ours.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def _release(root: str, lock_fd: int | None) -> None:
             os.close(lock_fd)
 
 
-LOCK_SUFFIX = ".lock"
+LOCK_SUFFIX = ".harnessrl-workspace.lock"  # no other program's lock file is taken for one of ours
 STALE_AFTER_S = 60.0  # an unheld lock this new may be one its owner has created and not yet taken
 
 

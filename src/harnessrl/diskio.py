@@ -15,6 +15,7 @@ import contextlib
 import errno
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 _FULL = {errno.ENOSPC, errno.EDQUOT}
@@ -75,7 +76,12 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with tmp.open("w", encoding="utf-8") as handle:
+        # A name of its own: two processes writing one file (experiment workers writing the
+        # shared experiment.json) must not rename each other's temporary file away.
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        tmp = Path(name)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide a run's files from its other readers
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())

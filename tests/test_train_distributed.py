@@ -26,10 +26,15 @@ from harnessrl.trajectory import load_jsonl  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 STEPS = 3
-# Measured (2026-12-01, this CPU, 2 FSDP2 processes vs 1, same rollouts): the weights after each
-# step differ by at most 1.3e-8 (float32 gradients reduce-scattered in another order); losses,
-# entropies and gradient norms (float64 sums) agree to relative 1e-6 or better.
+# Measured (2 FSDP2 processes vs 1, same rollouts; float32 gradients reduce-scattered in another
+# order): on an Intel Xeon (2026-12-01) the weights after each step differ by at most 1.3e-8; on
+# an AMD EPYC (2026-12-03) all but 55-67 of 1.6M elements differ by at most 7e-7, and those few,
+# rows of the tied embedding whose gradients sit near AdamW's eps (where the order of the sums
+# decides the step), by up to 8.3e-6: under 1% of one step's move (LEARNING_RATE). A wrong
+# reduction (a rank's gradient lost or counted twice) moves most elements by about that move.
+# Losses, entropies and gradient norms (float64 sums) agree to relative 1e-6 or better.
 WEIGHT_ATOL, LOSS_RTOL = 1e-6, 1e-5
+FEW_ELEMENTS_ATOL, FEW_ELEMENTS = 2e-5, 1e-4  # at most this fraction past WEIGHT_ATOL, none past this
 LEARNING_RATE = 1e-3
 
 
@@ -122,7 +127,9 @@ def assert_same_steps(run_dir, reference_dir):
     for step in range(STEPS + 1):
         two, one = weights(run_dir, step), weights(reference_dir, step)
         differences = torch.cat([(two[name] - value).abs().reshape(-1) for name, value in one.items()])
-        assert float(differences.max()) <= WEIGHT_ATOL, (step, float(differences.max()))
+        past = int((differences > WEIGHT_ATOL).sum())
+        assert past <= FEW_ELEMENTS * differences.numel(), (step, past, float(differences.max()))
+        assert float(differences.max()) <= FEW_ELEMENTS_ATOL, (step, float(differences.max()))
     assert any(not torch.equal(weights(reference_dir, 0)[k], v) for k, v in weights(reference_dir, STEPS).items())
 
 

@@ -92,8 +92,12 @@ experiment-learn: setup
 	$(VENV)/bin/harnessrl experiment configs/cpu_learn.yaml --out experiments/cpu-learn --jobs 2
 
 # pytest exits 5 when it collects nothing: that is a broken suite, not a pass.
+# The suite runs in TEST_WORKERS pytest-xdist processes (one per core here), a test file to a
+# worker (--dist loadfile: a file's module fixtures, such as its vLLM server, start once);
+# each worker's torch gets its share of the cores (tests/conftest.py). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: setup vllm-env
-	@$(PY) -m pytest -q -p no:cacheprovider --durations=25; rc=$$?; \
+	@$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # ruff, then the layer contract of pyproject.toml (import-linter; run from the repo root).

@@ -1,6 +1,7 @@
 """Shared pytest options: `--runslow` runs the tests marked slow (full sweeps)."""
 
 import os
+import sys
 
 import pytest
 
@@ -10,9 +11,23 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    _share_the_cores()
     config.addinivalue_line("markers", "slow: a long sweep; runs with --runslow")
     config.addinivalue_line(
         "markers", "external_agent: runs an npm-installed external agent; skips when it is not installed")
+
+
+def _share_the_cores():
+    """Under pytest-xdist (`make test` runs one worker per core), each worker and the programs
+    it starts get an equal share of the cores as torch threads (``OMP_NUM_THREADS``, unless
+    set): two workers each running torch on every core make four threads fight for two cores."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers < 2 or "OMP_NUM_THREADS" in os.environ:
+        return
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+    torch = sys.modules.get("torch")
+    if torch is not None:  # imported before this hook: set its pool too
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harnessrl.policy.embedded import default_cache_root
+from harnessrl.policy.embedded import default_cache_root, file_lock
 
 logger = logging.getLogger(__name__)
 
@@ -196,12 +196,19 @@ def _install_npm(folder: Path, plan: InstallPlan) -> None:
 
 
 def install(name: str, plan: InstallPlan, force: bool = False) -> dict[str, Any]:
-    """Installs agent ``name`` per ``plan`` unless already installed; returns its manifest."""
+    """Installs agent ``name`` per ``plan`` unless already installed; returns its manifest.
+    One install of an agent at a time on a machine (two test workers or two experiment workers
+    asking at once): the second waits for the first and then finds it installed."""
     folder = agent_dir(name)
-    if not force and _manifest_matches(name, plan):
-        manifest = read_manifest(name)
-        assert manifest is not None
-        return manifest
+    with file_lock(folder.parent / f".{name}.install.lock"):
+        if not force and _manifest_matches(name, plan):
+            manifest = read_manifest(name)
+            assert manifest is not None
+            return manifest
+        return _install_locked(name, plan, folder)
+
+
+def _install_locked(name: str, plan: InstallPlan, folder: Path) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o755)
     (folder / MANIFEST).unlink(missing_ok=True)

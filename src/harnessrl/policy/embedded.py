@@ -104,7 +104,7 @@ def _cache_is_current(model_dir: Path, fingerprint: dict[str, object]) -> bool:
 
 
 @contextmanager
-def _file_lock(lock_path: Path) -> Iterator[None]:
+def file_lock(lock_path: Path) -> Iterator[None]:
     """Holds an exclusive advisory lock on ``lock_path`` (blocks until it is free)."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with lock_path.open("a+") as handle:
@@ -197,7 +197,7 @@ def embedded_model_dir(cache_dir: Path | str | None = None) -> Path:
             f"cannot create the model cache {model_dir.parent} ({exc}); set HARNESSRL_CACHE "
             "to a writable folder"
         ) from exc
-    with _file_lock(model_dir.parent / f".{model_dir.name}.lock"):
+    with file_lock(model_dir.parent / f".{model_dir.name}.lock"):
         # Another process may have finished the conversion while this one waited.
         if _cache_is_current(model_dir, fingerprint):
             return model_dir

@@ -34,7 +34,9 @@ from typing import Any
 import torch
 
 from harnessrl.policy.embedded import embedded_model_dir
-from harnessrl.rl.update import UpdateSample, update_step
+from harnessrl.rl.batching import UpdateSample
+from harnessrl.rl.objectives import UpdateSettings
+from harnessrl.rl.update import update_step
 
 LEARNING_RATE = 1e-6
 CLIP_LOW, CLIP_HIGH = 0.2, 0.28
@@ -98,13 +100,8 @@ def ours_step_fn(
             optimizer,
             samples,
             pad_id,
-            objective="pg",
-            temperature=1.0,
-            clip_low=CLIP_LOW,
-            clip_high=CLIP_HIGH,
-            aggregation="token_mean",
-            max_grad_norm=MAX_GRAD_NORM,
-            share_prefix=share_prefix,
+            UpdateSettings(objective="pg", temperature=1.0, clip_low=CLIP_LOW, clip_high=CLIP_HIGH,
+                           aggregation="token_mean", max_grad_norm=MAX_GRAD_NORM, share_prefix=share_prefix),
         )
 
     return step

@@ -30,7 +30,9 @@ from harnessrl.policy.base import GenerationRequest, SamplingParams
 from harnessrl.policy.device import cpu_has_native_bf16
 from harnessrl.policy.embedded import embedded_model_dir
 from harnessrl.policy.hf import HFPolicy
-from harnessrl.rl.update import UpdateSample, update_step
+from harnessrl.rl.batching import UpdateSample
+from harnessrl.rl.objectives import UpdateSettings
+from harnessrl.rl.update import update_step
 
 
 def median_times(sides: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
@@ -75,8 +77,8 @@ def main() -> None:
 
     def update(dtype: torch.dtype) -> Callable[[], None]:
         def run() -> None:
-            update_step(model, optimizer, samples, policy.tokenizer.pad_token_id, objective="nll",
-                        micro_batch_tokens=args.rows * args.length, autocast_dtype=dtype, share_prefix=False)
+            update_step(model, optimizer, samples, policy.tokenizer.pad_token_id, UpdateSettings(
+                objective="nll", micro_batch_tokens=args.rows * args.length, autocast_dtype=dtype, share_prefix=False))
         return run
 
     print(f"update: {args.rows} x {args.length} tokens ({args.trained} trained each), AdamW on float32 weights")

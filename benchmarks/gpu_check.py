@@ -31,7 +31,9 @@ import torch
 from harnessrl.policy.base import GenerationRequest, SamplingParams
 from harnessrl.policy.embedded import embedded_model_dir
 from harnessrl.policy.hf import HFPolicy
-from harnessrl.rl.update import UpdateSample, update_step
+from harnessrl.rl.batching import UpdateSample
+from harnessrl.rl.objectives import UpdateSettings
+from harnessrl.rl.update import update_step
 
 QWEN3_1_7B = {
     "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
@@ -123,8 +125,8 @@ def update_figures(model_dir: Path, device: str, batch: int, length: int, peak_t
     autocast = torch.bfloat16 if device == "cuda" else torch.float32
 
     def step() -> None:
-        update_step(model, optimizer, samples, pad_id=0, micro_batch_tokens=max(length, 8192),
-                    autocast_dtype=autocast, share_prefix=False)
+        update_step(model, optimizer, samples, 0, UpdateSettings(
+            micro_batch_tokens=max(length, 8192), autocast_dtype=autocast, share_prefix=False))
 
     step()  # warm-up: optimizer state, kernels
     synchronize(device)

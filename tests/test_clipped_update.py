@@ -9,7 +9,9 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is installed by `make test`")
 transformers = pytest.importorskip("transformers", reason="transformers is installed by `make test`")
 
-from harnessrl.rl.update import UpdateSample, mini_batch_order, update_step  # noqa: E402
+from harnessrl.rl.batching import UpdateSample, mini_batch_order  # noqa: E402
+from harnessrl.rl.objectives import UpdateSettings  # noqa: E402
+from harnessrl.rl.update import update_step  # noqa: E402
 
 TEMPERATURE = 0.7
 CLIP_LOW, CLIP_HIGH, CAP = 0.20, 0.28, 2.0
@@ -122,8 +124,10 @@ def test_epochs_and_mini_batches_match_the_slow_reference_and_clip(tiny_model, s
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (step + 1))
     metrics = update_step(
-        model, optimizer, samples, pad_id=0, temperature=TEMPERATURE, max_grad_norm=1e9, scheduler=scheduler,
-        ppo_epochs=2, mini_batches=2, seed=3, share_prefix=share_prefix, micro_batch_tokens=micro_batch_tokens,
+        model, optimizer, samples, 0, UpdateSettings(
+            temperature=TEMPERATURE, max_grad_norm=1e9, ppo_epochs=2, mini_batches=2, share_prefix=share_prefix,
+            micro_batch_tokens=micro_batch_tokens),
+        scheduler=scheduler, seed=3,
     )
     reference_update(reference, None, torch.optim.SGD(reference.parameters(), lr=0.1), samples,
                      mini_batch_order(len(samples), 2, 2, seed=3))
@@ -149,8 +153,9 @@ def test_ppo_value_head_trains_in_the_same_passes_with_its_clipped_loss(tiny_mod
     reference_head.load_state_dict(head.state_dict())
     samples = ppo_batch(model, head)
     optimizer = torch.optim.SGD([*model.parameters(), *head.parameters()], lr=0.1)
-    metrics = update_step(model, optimizer, samples, pad_id=0, temperature=TEMPERATURE, max_grad_norm=1e9,
-                          value_head=head, vf_coef=0.5, vf_clip=0.2, ppo_epochs=3, mini_batches=2, seed=5)
+    metrics = update_step(model, optimizer, samples, 0, UpdateSettings(
+        temperature=TEMPERATURE, max_grad_norm=1e9, vf_coef=0.5, vf_clip=0.2, ppo_epochs=3, mini_batches=2),
+        value_head=head, seed=5)
     reference_update(reference, reference_head,
                      torch.optim.SGD([*reference.parameters(), *reference_head.parameters()], lr=0.1),
                      samples, mini_batch_order(len(samples), 3, 2, seed=5), vf_coef=0.5, vf_clip=0.2)
@@ -166,8 +171,8 @@ def test_one_pass_of_one_mini_batch_is_the_on_policy_step(tiny_model):
     clip never acts; loss, gradient norm and weights are those of the slow reference."""
     model, reference = tiny(tiny_model), tiny(tiny_model)
     samples = grpo_batch(model)
-    metrics = update_step(model, torch.optim.SGD(model.parameters(), lr=0.1), samples, pad_id=0,
-                          temperature=TEMPERATURE, max_grad_norm=1e9)
+    metrics = update_step(model, torch.optim.SGD(model.parameters(), lr=0.1), samples, 0,
+                          UpdateSettings(temperature=TEMPERATURE, max_grad_norm=1e9))
     (loss,) = reference_update(reference, None, torch.optim.SGD(reference.parameters(), lr=0.1), samples,
                                [list(range(len(samples)))])
     assert metrics["optimizer_steps"] == 1
@@ -183,10 +188,10 @@ def test_the_same_seed_gives_the_same_update_and_bad_counts_are_refused(tiny_mod
     for seed in (4, 4, 9):
         model = tiny(tiny_model)
         samples = grpo_batch(model)
-        update_step(model, torch.optim.SGD(model.parameters(), lr=0.1), samples, pad_id=0, ppo_epochs=1,
-                    mini_batches=3, seed=seed)
+        update_step(model, torch.optim.SGD(model.parameters(), lr=0.1), samples, 0,
+                    UpdateSettings(ppo_epochs=1, mini_batches=3), seed=seed)
         results.append({k: v.detach().clone() for k, v in model.named_parameters()})
     assert all(torch.equal(results[0][k], results[1][k]) for k in results[0])
     assert any(not torch.equal(results[0][k], results[2][k]) for k in results[0])  # another order
     with pytest.raises(ValueError, match="at least 1"):
-        update_step(tiny(tiny_model), None, [], pad_id=0, ppo_epochs=0)
+        UpdateSettings(ppo_epochs=0)

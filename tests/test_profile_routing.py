@@ -44,7 +44,7 @@ def test_profiles_are_written_from_paired_runs_and_votes_pick_the_top_k_over_htt
         profiles = writer.profiles(H0, runs, tasks)
         voters = [llm_voter(client_from_spec(f"voter@{server.base_url}"), seed=s) for s in (0, 1)]
         router = ProfileRouter(voters)
-        router.anchor({H0: profiles}, step=0)
+        router.set_profiles({H0: profiles}, step=0)
         top = router.route(TaskInfo(tasks[0].id, "files", tasks[0].instruction), H0, SIBLINGS, 2, seed=0)
     assert writer.answers == 3 and writer.dropped == 0
     assert profiles["S1-T0-O0-C0-W0"]["prefer"][0]["behavior"] == "S1-T0-O0-C0-W0 reads before writing"
@@ -114,3 +114,19 @@ def test_eval_route_over_a_pool_folder_with_profile_voters_over_http(tmp_path, c
     capsys.readouterr()
     assert main(["eval", "--policy", "oracle", "--route", f"pool:{folder}", "--router", "profile", "--limit", "1"]) != 0
     assert "--router profile needs at least one voter: --route-voter MODEL@URL" in capsys.readouterr().err
+
+
+def test_eval_route_with_the_validation_router_keeps_h0_without_a_positive_margin(tmp_path):
+    """`eval --route H0 --router validation`: the paired validation anchors the router, its
+    margins are in the report, and a sibling that only ties H0 (the oracle passes under every
+    harness) is never Rank-1."""
+    from harnessrl.cli import main
+
+    out = tmp_path / "route"
+    assert main(["eval", "--policy", "oracle", "--route", H0, "--router", "validation", "--limit", "2",
+                 "--route-validation", "1", "--out", str(out)]) == 0
+    result = json.loads((out / "routing.json").read_text())
+    assert result["validation_margins"] and set(result["validation_margins"]) == set(result["siblings"])
+    assert set(result["validation_margins"].values()) == {0.0}
+    assert result["h0_rank1_share"] == 1.0 and set(result["choice"].values()) == {H0}
+    assert result["meta"]["validation_episodes"] == 1 + len(result["siblings"])

@@ -173,7 +173,7 @@ def test_validation_router_ranks_by_margin_over_h0_and_re_anchoring_changes_the_
         "H1": {t: i < 2 for i, t in enumerate(tasks)}, "H2": dict.fromkeys(tasks, True),
         "H3": {t: i < 3 for i, t in enumerate(tasks)},
     }, step=10)
-    router.anchor(later)
+    router.set_record(later)
     assert router.route(TaskInfo("x"), "H0", ["H1", "H2", "H3"], 1, seed=0) == ["H2"]
     assert [h["step"] for h in router.history] == [0, 10]
     assert router.history[0]["margins"]["H0"]["H1"] == pytest.approx(4 / 6)

@@ -11,14 +11,11 @@ torch = pytest.importorskip("torch", reason="torch is installed by `make test`")
 transformers = pytest.importorskip("transformers", reason="transformers is installed by `make test`")
 pytest.importorskip("torch.distributed.fsdp", reason="torch.distributed (gloo) is needed")
 
+from harnessrl.rl.batching import MIN_SHARED_PREFIX, UpdateSample, micro_batches  # noqa: E402
 from harnessrl.rl.distributed import DataParallel  # noqa: E402
-from harnessrl.rl.update import (  # noqa: E402
-    MIN_SHARED_PREFIX,
-    UpdateSample,
-    compute_values,
-    micro_batches,
-    update_step,
-)
+from harnessrl.rl.forward import compute_values  # noqa: E402
+from harnessrl.rl.objectives import UpdateSettings  # noqa: E402
+from harnessrl.rl.update import update_step  # noqa: E402
 
 # Measured (2026-12-01, this CPU, float32, 2 processes vs 1): the diagnostics agree to relative
 # 1.7e-6, the gradient norm (float64 sums) to 5e-8, the AdamW moments to 1.4e-8 (the gradients
@@ -62,8 +59,10 @@ def train(model_dir, data_parallel=None):
     value_head = torch.nn.Linear(model.config.hidden_size, 1)
     values = compute_values(model, value_head, samples(), 0, micro_batch_tokens=120)  # the critic's no-grad forward
     optimizer = torch.optim.AdamW([*model.parameters(), *value_head.parameters()], lr=1e-3, eps=1e-6)
-    metrics = [{"values": values}] + [update_step(model, optimizer, samples(), 0, micro_batch_tokens=120, entropy_coef=1.0, value_head=value_head,
-                           data_parallel=data_parallel, **step) for step in STEPS]
+    metrics = [{"values": values}] + [
+        update_step(model, optimizer, samples(), 0,
+                    UpdateSettings(micro_batch_tokens=120, entropy_coef=1.0, mini_batches=step["mini_batches"]),
+                    value_head=value_head, seed=step["seed"], data_parallel=data_parallel) for step in STEPS]
     if data_parallel is not None:
         weights = DataParallel.full_model_state(model)
         optimizer_state = data_parallel.full_optimizer_state(optimizer)
@@ -203,7 +202,8 @@ def test_every_rank_calls_the_sharded_model_alike():
 
 def test_split_forward_computes_the_one_call_hidden_states(tiny_model):
     """The two-call forward of a micro-batch without a shared prefix is the one-call forward."""
-    from harnessrl.rl.update import _collate, decoder_hidden
+    from harnessrl.rl.batching import collate as _collate
+    from harnessrl.rl.forward import decoder_hidden
 
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     batch = [UpdateSample(list(range(100, 100 + n)), [0] * (n - 3) + [1] * 3, [0.0] * n) for n in (9, 14)]

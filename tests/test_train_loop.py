@@ -9,9 +9,11 @@ torch = pytest.importorskip("torch", reason="torch is installed by `make test`")
 transformers = pytest.importorskip("transformers", reason="transformers is installed by `make test`")
 
 from checkpoint_helpers import kill_train_when, write_run_config  # noqa: E402
+from harnessrl.rl.batching import UpdateSample  # noqa: E402
 from harnessrl.rl.config import load_config  # noqa: E402
 from harnessrl.rl.loop import Trainer, train  # noqa: E402
-from harnessrl.rl.update import UpdateSample, update_step  # noqa: E402
+from harnessrl.rl.objectives import UpdateSettings  # noqa: E402
+from harnessrl.rl.update import update_step  # noqa: E402
 from harnessrl.trajectory import load_jsonl  # noqa: E402
 
 
@@ -121,8 +123,9 @@ def test_run_with_epochs_mini_batches_and_rloo_logs_every_optimizer_step(tiny_mo
 
 
 def test_masked_logprobs_equal_the_full_vocabulary_projection(tiny_model):
+    from harnessrl.rl.batching import collate as _collate
+    from harnessrl.rl.forward import masked_token_logprobs
     from harnessrl.rl.losses import token_logprobs_and_entropy
-    from harnessrl.rl.update import _collate, masked_token_logprobs
 
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model)
     samples = [UpdateSample(list(range(5, 25)), [0] * 12 + [1] * 8, [0.0] * 20),
@@ -167,7 +170,7 @@ def test_bf16_rollouts_keep_float32_master_weights_in_sync(tiny_model, tmp_path)
     samples = [UpdateSample(ids, mask, [-1.0] * 20, 1.0), UpdateSample(ids[::-1], mask, [-1.0] * 20, -1.0)]
     for group in trainer.optimizer.param_groups:
         group["lr"] = 1e-6
-    update_step(trainer.model, trainer.optimizer, samples, pad_id=0, autocast_dtype=trainer.autocast_dtype)
+    update_step(trainer.model, trainer.optimizer, samples, 0, UpdateSettings(autocast_dtype=trainer.autocast_dtype))
     trainer.sync_rollout_weights()
     moved = [k for k, v in trainer.model.named_parameters() if not torch.equal(master_before[k], v)]
     assert moved
@@ -198,7 +201,7 @@ def _prefix_samples():
 def test_shared_prefix_micro_batches_give_the_plain_loss_and_gradients(tiny_model):
     """Running a GRPO group's common prompt once (broadcast KV) changes neither the loss nor
     the update: the same weights come out of one step as from the plain padded batch."""
-    from harnessrl.rl.update import micro_batches, shared_prefix
+    from harnessrl.rl.batching import micro_batches, shared_prefix
 
     samples = _prefix_samples()
     assert shared_prefix(samples[:3]) == 95 and shared_prefix(samples) == 0
@@ -210,8 +213,8 @@ def test_shared_prefix_micro_batches_give_the_plain_loss_and_gradients(tiny_mode
         model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
         for objective in ("pg", "nll"):
-            metrics = update_step(model, optimizer, samples, pad_id=0, objective=objective, share_prefix=share,
-                                  max_grad_norm=1e9, temperature=0.7)
+            metrics = update_step(model, optimizer, samples, 0, UpdateSettings(
+                objective=objective, share_prefix=share, max_grad_norm=1e9, temperature=0.7))
             results[(share, objective)] = metrics
         results[share] = {k: v.detach().clone() for k, v in model.named_parameters()}
     assert results[(True, "pg")]["prefix_tokens_saved"] == 95 * 2

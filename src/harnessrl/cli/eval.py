@@ -198,14 +198,9 @@ def run_routed_eval(args: argparse.Namespace, policy: Any, spec: str, limits: Ha
     """`eval --route H0`: Rank-1 routing against H0 on the same test tasks and seeds."""
     from harnessrl.eval.routing import routed_evaluation
     from harnessrl.harness.harness import Harness
-    from harnessrl.rescue.profiles import (
-        ProfileWriter,
-        client_from_spec,
-        llm_voter,
-        require_reachable,
-    )
     from harnessrl.rescue.rank1 import EngineSettings, paired_validation, run_with
-    from harnessrl.rescue.router import ProfileRouter, RandomRouter, ValidationRouter
+    from harnessrl.rescue.router import Evidence
+    from harnessrl.rescue.routing import make_router
     from harnessrl.tasks.suite import select_tasks
     from harnessrl.trajectory import save_jsonl
 
@@ -213,31 +208,22 @@ def run_routed_eval(args: argparse.Namespace, policy: Any, spec: str, limits: Ha
     if args.router == "profile" and not args.route_voter:
         raise ValueError("--router profile needs at least one voter: --route-voter MODEL@URL (an OpenAI-compatible "
                          "endpoint, e.g. `harnessrl serve` of a local model); or use --router validation or random")
+    # Before any rollout: an unreachable voter stops the run at once.
+    router = make_router(args.router, seed=args.seed, track=[h0], voters=args.route_voter or ())
     suite = args.suite or run_config.get("suite", "workspace")
     tiers, families = run_config.get("tiers"), run_config.get("families")
     tasks = suite_named(suite, lambda: select_tasks(suite, args.split, args.limit, args.seed, tiers, families,
                                                     task_ids=args.task_ids))
     temperature = args.temperature if args.temperature is not None else (0.0 if args.k == 1 else 0.7)
     settings = EngineSettings(limits, temperature, limits.max_new_tokens, args.concurrent, args.workers, args.backend)
-    router: Any = RandomRouter()
     anchored = 0
-    writer = None
-    if args.router in ("validation", "profile"):
-        if args.router == "profile":  # before any rollout: an unreachable voter stops the run at once
-            clients = [client_from_spec(spec) for spec in args.route_voter]
-            for client in {c.endpoint: c for c in clients}.values():
-                require_reachable(client)
-            writer = ProfileWriter(clients[0])
+    if router.anchored:
         validation = select_tasks(suite, "train", args.route_validation, args.seed + 1, tiers, families)
         runs: dict[str, dict[str, Any]] = {}
         record = paired_validation(run_with(policy, settings), lambda name: Harness.named(name, limits),
                                    [h0, *siblings], validation, lambda i: args.seed + i, keep=runs)
         anchored = len(validation) * (1 + len(siblings))
-        if writer is None:
-            router = ValidationRouter(record, track=[h0])
-        else:
-            router = ProfileRouter([llm_voter(c, seed=args.seed + i) for i, c in enumerate(clients)])
-            router.anchor({h0: writer.profiles(h0, runs, validation)}, 0)
+        router.anchor(Evidence(record, runs, validation, {h0: siblings}))
     label = Path(h0.split("#", 1)[0]).name if "#" in h0 else h0
     out = Path(args.out or f"evals/route-{label}-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
@@ -246,12 +232,7 @@ def run_routed_eval(args: argparse.Namespace, policy: Any, spec: str, limits: Ha
     result["meta"] = {"policy": policy.name, "source": spec, "suite": suite, "split": args.split, "k": args.k,
                       "temperature": temperature, "seed": args.seed, "validation_episodes": anchored,
                       "model": run_config.get("model")}
-    if isinstance(router, ValidationRouter):
-        result["validation_margins"] = router.history[-1]["margins"][h0]
-    if isinstance(router, ProfileRouter) and writer is not None:
-        result["profiles"] = router.profiles[h0]
-        result["votes"] = {"asked": router.votes, "malformed": router.malformed_votes,
-                           "profiles_written": writer.answers, "profiles_malformed": writer.dropped}
+    result.update(router.report(h0))
     (out / "routing.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
     if args.json:
         print(json.dumps(result, indent=2))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from harnessrl.harness.harness import Harness, HarnessLimits
 from harnessrl.policy.base import Policy, SamplingParams
-from harnessrl.rescue.router import PairedValidation, Router, TaskInfo, ValidationRouter
+from harnessrl.rescue.router import PairedValidation, Router, TaskInfo
 from harnessrl.rollout.engine import RolloutEngine, RolloutJob
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import Trajectory
@@ -27,10 +27,7 @@ def rank1(router: Router, task: TaskInfo, h0: str, siblings: Sequence[str], seed
     if not ranking:
         return h0
     best = ranking[0]
-    if isinstance(router, ValidationRouter):
-        score = router.scores(task, h0, [best])[best]
-        return best if score > 0.0 else h0
-    return best
+    return best if router.beats_h0(task, h0, best) else h0
 
 
 @dataclass

@@ -12,9 +12,11 @@ ranks before any rescue rollout runs (the paper's routing must choose without se
 
 Routers are deterministic functions of (their state, the task, the seed), and their state
 round-trips through ``state_dict`` / ``load_state_dict`` so a resumed run routes exactly as an
-uninterrupted one. Re-anchoring (``ValidationRouter.anchor``) replaces the validation evidence
-with a newer measurement, because a sibling's value drifts as the policy learns (the paper's
-nonstationarity: H1's +15 over H0 fell to -4).
+uninterrupted one. Re-anchoring (``Router.anchor``, with the `Evidence` of a paired validation)
+replaces a router's evidence with a newer measurement, because a sibling's value drifts as the
+policy learns (the paper's nonstationarity: H1's +15 over H0 fell to -4). Every caller (the
+trainer's rescue, ``harnessrl eval --route``, Rank-1 routing) talks to a router through the
+`Router` protocol only; `rescue.routing.make_router` builds one from its name.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from harnessrl.tasks.model import Task
+from harnessrl.trajectory import Trajectory
 
 VOTE_WEIGHTS: tuple[float, ...] = (1.0, 0.75, 0.5, 0.25)
 ROUTERS: tuple[str, ...] = ("validation", "profile", "random")  # TrainConfig.router
@@ -44,10 +47,25 @@ class TaskInfo:
         return cls(task.id, family=task.family, instruction=task.instruction)
 
 
+@dataclass
+class Evidence:
+    """A paired validation, as a router is anchored on it: the outcomes (`PairedValidation`),
+    the runs themselves (harness -> task id -> trajectory; profile writers read them), the
+    validation tasks, and each group harness H0 with its siblings."""
+
+    record: PairedValidation
+    runs: Mapping[str, Mapping[str, Trajectory]]
+    tasks: Sequence[Task]
+    siblings: Mapping[str, Sequence[str]]
+
+
 class Router(Protocol):
-    """Ranks sibling names for a task; ``route`` returns the Top-``k``."""
+    """Ranks sibling names for a task; ``route`` returns the Top-``k``. ``anchored``: whether
+    it ranks on paired-validation evidence (then ``anchor`` is due before the first rescue and
+    at every re-anchor)."""
 
     name: str
+    anchored: bool
 
     def rank(self, task: TaskInfo, h0: str, siblings: Sequence[str], seed: int) -> list[str]:
         """Returns every sibling of ``h0``, best first."""
@@ -55,6 +73,23 @@ class Router(Protocol):
 
     def route(self, task: TaskInfo, h0: str, siblings: Sequence[str], k: int, seed: int) -> list[str]:
         """Returns the ``k`` best siblings (all of them when there are fewer)."""
+        ...
+
+    def beats_h0(self, task: TaskInfo, h0: str, sibling: str) -> bool:
+        """Whether ``sibling`` is expected to do better than ``h0`` itself on ``task`` (Rank-1
+        routing keeps H0 otherwise)."""
+        ...
+
+    def anchor(self, evidence: Evidence) -> dict[str, Any]:
+        """Replaces the router's evidence with ``evidence``; returns a JSON summary of it."""
+        ...
+
+    def report(self, h0: str) -> dict[str, Any]:
+        """Returns what the router holds about ``h0``'s siblings, for a routing report."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """Returns the router's running counts (``router_`` metrics of the trainer)."""
         ...
 
     def state_dict(self) -> dict[str, Any]:
@@ -77,9 +112,22 @@ def top_k_by_score(scores: Mapping[str, float], siblings: Sequence[str], seed: i
 
 class _RankingRouter:
     name = "router"
+    anchored = False
 
     def rank(self, task: TaskInfo, h0: str, siblings: Sequence[str], seed: int) -> list[str]:
         raise NotImplementedError
+
+    def beats_h0(self, task: TaskInfo, h0: str, sibling: str) -> bool:
+        return True
+
+    def anchor(self, evidence: Evidence) -> dict[str, Any]:
+        return {}
+
+    def report(self, h0: str) -> dict[str, Any]:
+        return {}
+
+    def metrics(self) -> dict[str, float]:
+        return {}
 
     def route(self, task: TaskInfo, h0: str, siblings: Sequence[str], k: int, seed: int) -> list[str]:
         if k < 1:
@@ -151,6 +199,7 @@ class ValidationRouter(_RankingRouter):
     nonstationarity the paper reports is read from it)."""
 
     name = "validation"
+    anchored = True
 
     def __init__(self, record: PairedValidation | None = None, per_family: bool = False,
                  track: Sequence[str] = ()) -> None:
@@ -164,10 +213,21 @@ class ValidationRouter(_RankingRouter):
     def _remember(self, record: PairedValidation) -> None:
         self.history.append({"step": record.step, "margins": {h0: record.margins(h0) for h0 in self.track}})
 
-    def anchor(self, record: PairedValidation) -> None:
+    def set_record(self, record: PairedValidation) -> None:
         """Replaces the validation evidence (a re-anchor) and records its margins."""
         self.record = record
         self._remember(record)
+
+    def anchor(self, evidence: Evidence) -> dict[str, Any]:
+        self.set_record(evidence.record)
+        return {"margins": self.history[-1]["margins"]}
+
+    def beats_h0(self, task: TaskInfo, h0: str, sibling: str) -> bool:
+        """Validation routing scores H0 at 0 against itself: a sibling must have a positive margin."""
+        return self.scores(task, h0, [sibling])[sibling] > 0.0
+
+    def report(self, h0: str) -> dict[str, Any]:
+        return {"validation_margins": self.record.margins(h0)}
 
     def scores(self, task: TaskInfo, h0: str, siblings: Sequence[str]) -> dict[str, float]:
         """Returns each sibling's margin over ``h0`` for this task (0 without evidence)."""
@@ -231,9 +291,10 @@ class ProfileRouter(_RankingRouter):
     """
 
     name = "profile"
+    anchored = True
 
     def __init__(self, voters: Sequence[Voter], profiles: Mapping[str, Mapping[str, Any]] | None = None,
-                 weights: Sequence[float] = VOTE_WEIGHTS) -> None:
+                 weights: Sequence[float] = VOTE_WEIGHTS, writer: Any = None) -> None:
         if not voters:
             raise ValueError(
                 "profile routing needs at least one voter (an OpenAI-compatible endpoint, MODEL@URL); "
@@ -245,11 +306,35 @@ class ProfileRouter(_RankingRouter):
         self.malformed_votes = 0
         self.votes = 0
         self.anchored_at: list[int] = []
+        self.writer = writer  # a rescue.profiles.ProfileWriter: writes the profiles at each anchor
 
-    def anchor(self, profiles: Mapping[str, Mapping[str, Any]], step: int) -> None:
+    def set_profiles(self, profiles: Mapping[str, Mapping[str, Any]], step: int) -> None:
         """Replaces the profiles (per H0: sibling -> profile) with ones written at ``step``."""
         self.profiles = {h0: dict(p) for h0, p in profiles.items()}
         self.anchored_at.append(step)
+
+    def anchor(self, evidence: Evidence) -> dict[str, Any]:
+        """Has the writer profile each H0's siblings from their paired runs (without a writer
+        the profiles stay as they are)."""
+        if self.writer is None:
+            return {}
+        profiles = {}
+        for h0, siblings in evidence.siblings.items():
+            wanted = {h0, *siblings}
+            runs = {name: r for name, r in evidence.runs.items() if name in wanted}
+            profiles[h0] = self.writer.profiles(h0, runs, evidence.tasks)
+        self.set_profiles(profiles, evidence.record.step)
+        return {"margins": {h0: evidence.record.margins(h0) for h0 in evidence.siblings},
+                "profiles_dropped": self.writer.dropped}
+
+    def report(self, h0: str) -> dict[str, Any]:
+        votes = {"asked": self.votes, "malformed": self.malformed_votes}
+        if self.writer is not None:
+            votes.update(profiles_written=self.writer.answers, profiles_malformed=self.writer.dropped)
+        return {"profiles": self.profiles.get(h0, {}), "votes": votes}
+
+    def metrics(self) -> dict[str, float]:
+        return {"votes": float(self.votes), "malformed_votes": float(self.malformed_votes)}
 
     def rank(self, task: TaskInfo, h0: str, siblings: Sequence[str], seed: int) -> list[str]:
         known = self.profiles.get(h0, {})

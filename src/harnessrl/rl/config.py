@@ -123,6 +123,12 @@ class TrainConfig(BaseModel):
     clip_low: float = Field(0.20, ge=0.0, description="lower clip range eta- (Harness-S: 0.20)")
     clip_high: float = Field(0.28, ge=0.0, description="upper clip range eta+ (Harness-S: 0.28; classic PPO 0.2)")
     aggregation: Literal["token_mean", "seq_mean", "token_sum_norm"] = Field("token_mean", description="loss aggregation")
+    policy_loss: str = Field(
+        "clipped",
+        description="policy loss, an entry of rl.losses.POLICY_LOSSES: clipped = the token-level clipped surrogate "
+        "(PPO, GRPO; DAPO's decoupled ranges); gspo = one ratio per sequence, clipped (GSPO, Zheng et al. 2025; "
+        "unless set, clip_low 3e-4, clip_high 4e-4 and aggregation seq_mean, the loss's own)",
+    )
     advantage: Literal["grpo", "rloo"] = Field(
         "grpo",
         description="advantage estimator of algorithm grpo: grpo = (r - group mean) / group std (Shao et al. 2024; "
@@ -289,6 +295,21 @@ class TrainConfig(BaseModel):
                 raise ValueError(f"siblings: {part!r} is not 'space', 'space:R' (R >= 1) or 'pool:DIR'; "
                                  f"join several with '+', e.g. 'space+pool:pools/h0'")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _policy_loss_defaults(cls, data: Any) -> Any:
+        """A policy loss other than the default brings its clip ranges and aggregation, for the
+        fields the config leaves unset (the registry is read only then: it imports torch)."""
+        if not isinstance(data, dict) or data.get("policy_loss", "clipped") == "clipped":
+            return data
+        from harnessrl.rl.losses import POLICY_LOSSES
+
+        entry = POLICY_LOSSES.get(data["policy_loss"])
+        if entry is None:
+            raise ValueError(f"policy_loss: unknown policy loss {data['policy_loss']!r}; choose one of "
+                             f"{', '.join(POLICY_LOSSES)} (or register one: rl.losses.register_policy_loss)")
+        return {"clip_low": entry.clip_low, "clip_high": entry.clip_high, "aggregation": entry.aggregation, **data}
 
     @model_validator(mode="after")
     def _check_update(self) -> TrainConfig:

@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from harnessrl.rl.update import MIN_SHARED_PREFIX, UpdateSample, shared_prefix
+from harnessrl.rl.batching import MIN_SHARED_PREFIX, UpdateSample, shared_prefix
 
 Result = TypeVar("Result")
 

@@ -37,6 +37,7 @@ from harnessrl.progress import Progress
 from harnessrl.rescue.groups import GroupInfo, signal_metrics
 from harnessrl.rescue.router import TaskInfo
 from harnessrl.rl.advantages import grpo_advantages, no_signal_fraction, rloo_advantages
+from harnessrl.rl.batching import UpdateSample
 from harnessrl.rl.blackbox import AgentRollouts, rollout_cost
 from harnessrl.rl.checkpoint import (
     disk_full_error,
@@ -48,6 +49,7 @@ from harnessrl.rl.checkpoint import (
 from harnessrl.rl.config import TrainConfig
 from harnessrl.rl.distributed import DataParallel
 from harnessrl.rl.frontier import FrontierSettings
+from harnessrl.rl.objectives import UpdateSettings
 from harnessrl.rl.ppo import ppo_samples
 from harnessrl.rl.rescue import Rescue
 from harnessrl.rl.sampling import StepSampler, combine_stats
@@ -62,7 +64,7 @@ from harnessrl.rl.schedules import (
 from harnessrl.rl.sft import oracle_demonstrations, sft_samples
 from harnessrl.rl.summary import format_summary, run_summary
 from harnessrl.rl.tracking import Tracker
-from harnessrl.rl.update import UpdateSample, update_step
+from harnessrl.rl.update import update_step
 from harnessrl.rl.weight_version import check_current, stamp_weight_version
 from harnessrl.rollout.engine import RolloutEngine, RolloutJob
 from harnessrl.sandbox.workspace import remove_stale_workspaces
@@ -383,15 +385,8 @@ class Trainer:
         t1 = time.perf_counter()
         update = update_step(
             self.model, self.optimizer, samples, self.policy.tokenizer.pad_token_id,
-            objective="nll" if self.cfg.objective == "sft" else "pg",
-            temperature=self.cfg.temperature if self.cfg.temperature > 0 else 1.0,
-            clip_low=self.cfg.clip_low, clip_high=self.cfg.clip_high, aggregation=self.cfg.aggregation,
-            importance_cap=self.cfg.importance_cap, entropy_coef=self.cfg.entropy_coef,
-            kl_coef=self.cfg.kl_coef, kl_estimator=self.cfg.kl_estimator, ref_model=self.ref_model,
-            max_grad_norm=self.cfg.max_grad_norm, micro_batch_tokens=self.cfg.micro_batch_tokens,
-            scheduler=self.scheduler, value_head=self.value_head, vf_coef=self.cfg.vf_coef,
-            vf_clip=self.cfg.vf_clip, autocast_dtype=self.autocast_dtype,
-            ppo_epochs=self.cfg.ppo_epochs, mini_batches=self.cfg.mini_batches,
+            UpdateSettings.from_config(self.cfg, self.autocast_dtype),
+            ref_model=self.ref_model, value_head=self.value_head, scheduler=self.scheduler,
             seed=rollout_seed(self.cfg.seed, step, 0),  # a pure function of the step: resumable
             data_parallel=self.parallel,
         )
@@ -476,9 +471,10 @@ class Trainer:
         for i in Progress.over(range(cfg.sft_warm_start_steps), "sft", "step"):
             batch = [order[(i * per_step + j) % len(order)] for j in range(min(per_step, len(order)))]
             metrics = update_step(
-                self.model, optimizer, batch, self.policy.tokenizer.pad_token_id, objective="nll",
-                max_grad_norm=cfg.max_grad_norm, micro_batch_tokens=cfg.micro_batch_tokens,
-                autocast_dtype=self.autocast_dtype, scheduler=scheduler, data_parallel=self.parallel,
+                self.model, optimizer, batch, self.policy.tokenizer.pad_token_id, UpdateSettings(
+                    objective="nll", max_grad_norm=cfg.max_grad_norm, micro_batch_tokens=cfg.micro_batch_tokens,
+                    autocast_dtype=self.autocast_dtype),
+                scheduler=scheduler, data_parallel=self.parallel,
             )
             self.sync_rollout_weights()
             history.append(metrics["nll"])

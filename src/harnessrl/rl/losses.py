@@ -17,11 +17,29 @@ probabilities of the sampler that produced the rollout and of the trainer
 (Harness-S eq. 16; Yao et al. 2025, "truncated importance sampling"):
 
     w_t = stopgrad( min(exp(old_logp_t - rollout_logp_t), cap) ),   cap = 2  (so w in [0, 2])
+
+GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization") clips one ratio per sequence,
+the geometric mean of its token ratios, in the GSPO-token form (its eq. 13), which also takes
+per-token advantages:
+
+    s_i     = exp( (1/|y_i|) sum_t (logp_t - old_logp_t) )
+    ratio_t = stopgrad(s_i) * exp(logp_t - stopgrad(logp_t))     (value s_i, gradient s_i grad logp_t)
+    w_t     = stopgrad( min(exp((1/|y_i|) sum_t (old_logp_t - rollout_logp_t)), cap) )
+
+and the same clipped surrogate. With a sequence-level advantage and ``seq_mean`` aggregation
+its gradient is GSPO's. Its clip ranges are those of a sequence ratio, about a thousand times
+narrower than a token ratio's (the paper: 3e-4 and 4e-4).
+
+`POLICY_LOSSES` names the policy losses an update can use (``policy_loss`` in the training
+config); `register_policy_loss` adds one, with the clip ranges and the aggregation it runs
+with when a config leaves them unset.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -98,19 +116,24 @@ def policy_loss(
     kl_estimator: str = "k3",
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
+    sequence_ratio: bool = False,
 ) -> LossOutput:
     """Returns the clipped-surrogate policy loss (+ KL penalty, - entropy bonus) and diagnostics.
 
     ``advantages`` is [batch, seq] (a sequence-level advantage broadcast over its tokens, or
     per-token advantages from GAE). KL and entropy are off unless their coefficient is > 0
-    (both papers train without KL).
+    (both papers train without KL). ``sequence_ratio``: GSPO's ratio and importance weight,
+    one per sequence (see the module text), in place of one per token.
     """
     mask = mask.to(logprobs.dtype)
     log_ratio = logprobs - old_logprobs
-    ratio = torch.exp(log_ratio)
+    if sequence_ratio:
+        ratio, weight = _sequence_ratio(logprobs, log_ratio, old_logprobs, rollout_logprobs, mask, importance_cap)
+    else:
+        ratio = torch.exp(log_ratio)
+        weight = truncated_importance_weight(old_logprobs, rollout_logprobs, importance_cap)
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    weight = truncated_importance_weight(old_logprobs, rollout_logprobs, importance_cap)
     pg_losses = torch.max(pg_loss1, pg_loss2) * weight
     loss = aggregate(pg_losses, mask, aggregation, norm)
 
@@ -151,6 +174,27 @@ def policy_loss(
     return LossOutput(loss, metrics)
 
 
+def gspo_loss(*args: Any, **kwargs: Any) -> LossOutput:
+    """GSPO: `policy_loss` with one ratio and one importance weight per sequence (its clip
+    ranges and aggregation are the caller's; the registry's entry brings GSPO's own)."""
+    return policy_loss(*args, sequence_ratio=True, **kwargs)
+
+
+def _sequence_ratio(
+    logprobs: torch.Tensor, log_ratio: torch.Tensor, old_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor | None, mask: torch.Tensor, cap: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns GSPO-token's per-token ratio (the sequence ratio's value, the token's gradient)
+    and the sequence's truncated importance weight, both [batch, seq]."""
+    lengths = mask.sum(-1, keepdim=True).clamp_min(1.0)
+    sequence = torch.exp((log_ratio * mask).sum(-1, keepdim=True) / lengths)
+    ratio = sequence.detach() * torch.exp(logprobs - logprobs.detach())
+    if rollout_logprobs is None:
+        return ratio, torch.ones_like(ratio)
+    mismatch = ((old_logprobs - rollout_logprobs) * mask).sum(-1, keepdim=True) / lengths
+    return ratio, torch.exp(mismatch).clamp(0.0, cap).detach().expand_as(ratio)
+
+
 def value_loss(
     values: torch.Tensor,
     old_values: torch.Tensor,
@@ -188,3 +232,34 @@ def token_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor, temp
     logprobs = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logprobs, entropy
+
+
+PolicyLoss = Callable[..., LossOutput]
+
+
+@dataclass(frozen=True)
+class PolicyLossEntry:
+    """A registered policy loss (the signature of `policy_loss`) and what it runs with when a
+    training config leaves them unset: its clip ranges and its aggregation (`aggregate`)."""
+
+    function: PolicyLoss
+    clip_low: float
+    clip_high: float
+    aggregation: str
+
+
+POLICY_LOSSES: dict[str, PolicyLossEntry] = {}
+
+
+def register_policy_loss(
+    name: str, function: PolicyLoss, *, clip_low: float, clip_high: float, aggregation: str = "token_mean"
+) -> PolicyLoss:
+    """Registers ``function`` as policy loss ``name`` (``policy_loss: name`` in a config)."""
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {aggregation!r}; choose one of {', '.join(AGGREGATIONS)}")
+    POLICY_LOSSES[name] = PolicyLossEntry(function, clip_low, clip_high, aggregation)
+    return function
+
+
+register_policy_loss("clipped", policy_loss, clip_low=0.2, clip_high=0.28)
+register_policy_loss("gspo", gspo_loss, clip_low=3e-4, clip_high=4e-4, aggregation="seq_mean")

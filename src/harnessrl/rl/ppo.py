@@ -9,7 +9,8 @@ import numpy as np
 import torch
 
 from harnessrl.rl.advantages import gae
-from harnessrl.rl.update import UpdateSample, compute_values
+from harnessrl.rl.batching import UpdateSample
+from harnessrl.rl.forward import compute_values
 from harnessrl.trajectory import Trajectory
 
 

@@ -33,9 +33,9 @@ from harnessrl.rescue.groups import (
     plan_rescue,
 )
 from harnessrl.rescue.pool import Pool
-from harnessrl.rescue.profiles import ProfileWriter, client_from_spec, llm_voter, require_reachable
 from harnessrl.rescue.rank1 import paired_validation
-from harnessrl.rescue.router import ProfileRouter, RandomRouter, Router, ValidationRouter
+from harnessrl.rescue.router import Evidence, Router
+from harnessrl.rescue.routing import make_router
 from harnessrl.rl.config import TrainConfig
 from harnessrl.rollout.engine import RolloutJob
 from harnessrl.tasks.model import Task
@@ -71,19 +71,10 @@ class Rescue:
             else:
                 self.pools.append(Pool.load(value))
         self._siblings: dict[str, list[str]] = {}
-        self.writer: ProfileWriter | None = None
-        self.router: Router
-        if cfg.router == "validation":
-            self.router = ValidationRouter(per_family=cfg.router_per_family, track=self.group_harnesses)
-        elif cfg.router == "profile":
-            clients = [client_from_spec(spec) for spec in cfg.profile_voters]
-            writer = client_from_spec(cfg.profile_writer or cfg.profile_voters[0])
-            for client in {c.endpoint: c for c in [*clients, writer]}.values() if check_endpoints else ():
-                require_reachable(client)
-            self.router = ProfileRouter([llm_voter(c, seed=cfg.seed + i) for i, c in enumerate(clients)])
-            self.writer = ProfileWriter(writer)
-        else:
-            self.router = RandomRouter()
+        self.router: Router = make_router(
+            cfg.router, seed=cfg.seed, track=self.group_harnesses, per_family=cfg.router_per_family,
+            voters=cfg.profile_voters, writer=cfg.profile_writer, check_endpoints=check_endpoints,
+        )
         self.last_anchor: int | None = None
 
     # -- siblings ------------------------------------------------------------------------------
@@ -110,7 +101,7 @@ class Rescue:
     def anchors(self) -> bool:
         """True when the router runs on paired validation evidence (sibling rescue with
         validation or profile routing)."""
-        return isinstance(self.router, ValidationRouter | ProfileRouter) and self.cfg.rescue == "siblings"
+        return self.router.anchored and self.cfg.rescue == "siblings"
 
     def needs_anchor(self, step: int) -> bool:
         """True when the router's evidence is due: before the first update, then every
@@ -142,18 +133,8 @@ class Rescue:
         success = {name: sum(o.values()) / len(o) for name, o in record.outcomes.items() if o}
         summary: dict[str, Any] = {"step": step, "episodes": len(names) * len(self.validation_tasks),
                                    "success": success}
-        if isinstance(self.router, ValidationRouter):
-            self.router.anchor(record)
-            summary["margins"] = self.router.history[-1]["margins"]
-        elif isinstance(self.router, ProfileRouter) and self.writer is not None:
-            profiles = {}
-            for h0 in self.group_harnesses:
-                wanted = {h0, *self.siblings_of(h0)}
-                profiles[h0] = self.writer.profiles(h0, {n: r for n, r in runs.items() if n in wanted},
-                                                    self.validation_tasks)
-            self.router.anchor(profiles, step)
-            summary["margins"] = {h0: record.margins(h0) for h0 in self.group_harnesses}
-            summary["profiles_dropped"] = self.writer.dropped
+        siblings = {h0: self.siblings_of(h0) for h0 in self.group_harnesses}
+        summary.update(self.router.anchor(Evidence(record, runs, self.validation_tasks, siblings)))
         return summary
 
     # -- the rescue pass -----------------------------------------------------------------------
@@ -168,11 +149,9 @@ class Rescue:
         dead = [info for info in infos if info.group in dead_keys]
         stats.dead = len(dead)
         mode = self.cfg.rescue if self.cfg.rescue in ("siblings", "h0") else "none"
-        counts_votes = hasattr(self.router, "votes")  # profile routing: this step's votes, and the garbage ones
-        votes, malformed = (self.router.votes, self.router.malformed_votes) if counts_votes else (0, 0)
+        before = self.router.metrics()  # profile routing: this step's votes, and the garbage ones
         runs = plan_rescue(mode, dead, self.cfg.rescue_k, self.router, self.siblings_of, seed=self.cfg.seed + step)
-        voted = ({"router_votes": self.router.votes - votes, "router_malformed_votes": self.router.malformed_votes - malformed}
-                 if counts_votes else {})
+        voted = {f"router_{key}": int(value - before[key]) for key, value in self.router.metrics().items()}
         if not runs:
             return trajectories, groups, {**stats.metrics(), **voted}
         jobs = [

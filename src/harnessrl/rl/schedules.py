@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from harnessrl.rl.batching import UpdateSample
 from harnessrl.rl.config import TrainConfig
-from harnessrl.rl.update import UpdateSample
 from harnessrl.tasks.model import Task
 from harnessrl.tasks.suite import select_tasks as select_suite_tasks
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from harnessrl.harness.chat import ChatTokenizer
 from harnessrl.harness.harness import Harness, HarnessLimits
 from harnessrl.policy.scripted import OraclePolicy
-from harnessrl.rl.update import UpdateSample
+from harnessrl.rl.batching import UpdateSample
 from harnessrl.rollout.engine import RolloutEngine, RolloutJob
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import Trajectory

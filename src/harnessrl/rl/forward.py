@@ -1,0 +1,146 @@
+"""The trainer's forward passes: log-probabilities and entropies of the trained positions only
+(the LM head never sees a prompt token), a shared prefix run once for a micro-batch's rows, the
+old policy's log-probabilities and the critic's values before an update, and mixed precision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Any
+
+import torch
+
+from harnessrl.rl.batching import UpdateSample, collate, micro_batches
+
+
+@torch.no_grad()
+def old_token_logprobs(
+    model: torch.nn.Module, samples: list[UpdateSample], pad_id: int, temperature: float,
+    micro_batch_tokens: int = 4096, autocast_dtype: torch.dtype | None = None, share_prefix: bool = True,
+) -> dict[int, torch.Tensor]:
+    """Returns, per sample (keyed by ``id``), the log-probabilities [len - 1] that the current
+    weights give its tokens 1.. (0 where nothing is trained): the old policy of a multi-step
+    update, under the same temperature and mixed precision as ``update_step``."""
+    device = next(model.parameters()).device
+    out: dict[int, torch.Tensor] = {}
+    for batch in micro_batches(samples, micro_batch_tokens, share_prefix):
+        data = collate(batch, pad_id, device, share_prefix)
+        if float(data["mask"].sum()) == 0:
+            logprobs = torch.zeros(data["mask"].shape)
+        else:
+            with autocast_context(device, autocast_dtype):
+                _, logprobs, _ = as_forward(model, masked_token_logprobs, model, data, temperature)
+        for row, sample in enumerate(batch):
+            out[id(sample)] = logprobs[row, : len(sample.input_ids) - 1].float().cpu()
+    return out
+
+
+def as_forward(model: torch.nn.Module, function: Any, *args: Any) -> Any:
+    """Returns ``function(*args)`` run as a forward of ``model``: for a model sharded by
+    ``rl.distributed.DataParallel.shard_model`` between its root group's FSDP2 hooks (they
+    gather the embeddings, the final norm and the LM head that the decoder and the head
+    calls below read), for any other model a plain call."""
+    run = getattr(model, "run_as_forward", None)
+    return run(function, *args) if run is not None else function(*args)
+
+
+def autocast_context(device: torch.device, dtype: torch.dtype | None) -> Any:
+    """Returns the mixed-precision context of ``update_step`` (see its ``autocast_dtype``)."""
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def masked_token_logprobs(
+    model: torch.nn.Module, data: dict[str, torch.Tensor], temperature: float, entropy_grad: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (last hidden states [B, L, H], log-probs [B, L-1], entropy [B, L-1]) where only
+    trained positions (``data["mask"]``) are projected through the LM head.
+
+    Most of a sequence is prompt; projecting every position to the vocabulary (49k for the
+    embedded model) and taking its log-softmax would dominate the step. Untrained positions
+    get 0. Entropy keeps its graph only when an entropy bonus needs it.
+    """
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    hidden = decoder_hidden(decoder, data)
+    rows, cols = torch.nonzero(data["mask"] > 0, as_tuple=True)
+    logits = head(hidden[:, :-1][rows, cols]).float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    picked = logp_all.gather(-1, data["targets"][rows, cols].unsqueeze(-1)).squeeze(-1)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        picked_entropy = -(logp_all.exp() * logp_all).sum(-1)
+    logprobs = torch.zeros(data["mask"].shape, dtype=picked.dtype, device=picked.device)
+    entropy = torch.zeros_like(logprobs)
+    logprobs = logprobs.index_put((rows, cols), picked)
+    entropy = entropy.index_put((rows, cols), picked_entropy)
+    return hidden, logprobs, entropy
+
+
+def decoder_hidden(decoder: torch.nn.Module, data: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Returns the decoder's last hidden states [B, L, H] for ``data``.
+
+    With ``data["prefix_len"] = P > 0`` (every row starts with the same P tokens, see
+    ``shared_prefix``), the prefix runs once as a batch of one and its keys and values are
+    broadcast to every row for the rest; gradients from all rows flow back into the single
+    prefix pass, so the result and its gradients are those of the plain batched pass (up to
+    float rounding) at ``P x (B - 1)`` fewer tokens of compute.
+
+    With ``data["split"]`` (and no shared prefix) the decoder runs in the same two calls, the
+    first over every row's first token, the rest against its keys and values: the result of
+    one pass, called the way a shared-prefix micro-batch calls it (the ranks of a sharded
+    model must call each layer equally often: ``rl.distributed.DataParallel.local``).
+    """
+    ids, attention = data["input_ids"], data["attention_mask"]
+    prefix = int(data.get("prefix_len", 0))
+    split = bool(data.get("split", False))
+    if prefix <= 0 and not split:
+        return decoder(input_ids=ids, attention_mask=attention).last_hidden_state
+    rows, length = ids.shape
+    cache_argument = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+    if prefix <= 0:
+        prefix = 1
+        head = decoder(input_ids=ids[:, :1], attention_mask=attention[:, :1], use_cache=True)
+    else:
+        head = decoder(input_ids=ids[:1, :prefix], use_cache=True)
+    cache = head.cache if cache_argument == "cache" else head.past_key_values
+    from transformers.cache_utils import DynamicLayer
+
+    if not all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])):
+        # Sliding-window or other special layers keep less than every token: no broadcast.
+        return decoder(input_ids=ids, attention_mask=attention).last_hidden_state
+    for layer in cache.layers:
+        layer.keys = layer.keys.expand(rows, -1, -1, -1)
+        layer.values = layer.values.expand(rows, -1, -1, -1)
+    positions = torch.arange(prefix, length, device=ids.device).unsqueeze(0).expand(rows, -1)
+    tail = decoder(
+        input_ids=ids[:, prefix:], attention_mask=attention, position_ids=positions, use_cache=True,
+        **{cache_argument: cache},
+    )
+    return torch.cat([head.last_hidden_state.expand(rows, -1, -1), tail.last_hidden_state], dim=1)
+
+
+@torch.no_grad()
+def compute_values(
+    model: torch.nn.Module, value_head: torch.nn.Module, samples: list[UpdateSample], pad_id: int,
+    micro_batch_tokens: int = 4096,
+    autocast_dtype: torch.dtype | None = None,
+    share_prefix: bool = True,
+) -> list[list[float]]:
+    """Returns, per sample, the critic's values at its ``value_positions`` (no gradient),
+    under the same mixed precision as ``update_step``."""
+    device = next(model.parameters()).device
+    model.eval()
+    out: dict[int, list[float]] = {}
+    for batch in micro_batches(samples, micro_batch_tokens, share_prefix):
+        data = collate(batch, pad_id, device, share_prefix)
+        with autocast_context(device, autocast_dtype):
+            hidden = as_forward(model, decoder_hidden, model.get_decoder(), data)
+        values = value_head(hidden.float()).squeeze(-1)
+        for row, sample in enumerate(batch):
+            out[id(sample)] = [float(values[row, p]) for p in sample.value_positions]
+    return [out[id(s)] for s in samples]

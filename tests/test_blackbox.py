@@ -137,7 +137,7 @@ def test_black_box_grpo_step_through_mini_swe_agent(tiny_model, mini_swe_agent, 
     trainer = Trainer(cfg, log=lambda message: None)
     try:
         record = trainer.rl_step(0)
-        served = trainer.agent_rollouts.served
+        served = trainer.source.agents.served
         assert served.policy is trainer.policy  # the server samples from the trainer's own rollout policy
     finally:
         trainer.close()
@@ -164,7 +164,7 @@ def test_black_box_sft_clones_gold_replayed_through_mini_swe_agent(tiny_model, m
                                     group_size=1, agent_max_steps=12)
     cfg = load_config(preset="quick", overrides=overrides)
     trainer = Trainer(cfg, log=lambda message: None)
-    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    before = {k: v.clone() for k, v in trainer.actor.model.state_dict().items()}
     try:
         record = trainer.rl_step(0)
     finally:
@@ -173,7 +173,7 @@ def test_black_box_sft_clones_gold_replayed_through_mini_swe_agent(tiny_model, m
     assert trajectory.passed and trajectory.status == "submitted", (trajectory.error, trajectory.verdict)
     assert record["pass_rate"] == 1.0 and record["trained_samples"] == len(trajectory.training_samples()) >= 1
     assert record["update/nll"] > 0 and trajectory.n_policy_tokens > 0
-    assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    assert any(not torch.equal(before[k], v) for k, v in trainer.actor.model.state_dict().items())
 
 
 def test_paper_blackbox_experiment_has_the_papers_three_arms():

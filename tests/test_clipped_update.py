@@ -28,11 +28,12 @@ def reference_values(model, head, ids):
     return head(hidden.float())[:, 0]
 
 
-def reference_update(model, head, optimizer, samples, steps, vf_coef=0.1, vf_clip=0.2):
+def reference_update(model, head, optimizer, samples, steps, vf_coef=0.1, vf_clip=0.2, norm_tokens=None):
     """PPO over the optimizer steps ``steps`` (lists of sample indices), one sequence and one
     token at a time: old log-probs once before the first step, per token
     max(-A r, -A clip(r, 1 - low, 1 + high)) x min(exp(old - rollout), cap), the mean over the
-    mini-batch's policy tokens, plus vf_coef x CleanRL's clipped value loss averaged over the
+    mini-batch's policy tokens (with ``norm_tokens``, Dr. GRPO: their sum / (the mini-batch's
+    sequences x norm_tokens)), plus vf_coef x CleanRL's clipped value loss averaged over the
     mini-batch's value positions. Returns the losses of the steps."""
     with torch.no_grad():
         old = [reference_token_logprobs(model, s.input_ids).tolist() for s in samples]
@@ -57,7 +58,7 @@ def reference_update(model, head, optimizer, samples, steps, vf_coef=0.1, vf_cli
                     value = values[position]
                     clipped_value = old_value + torch.clamp(value - old_value, -vf_clip, vf_clip)
                     value_terms.append(0.5 * max((value - ret) ** 2, (clipped_value - ret) ** 2))
-        loss = sum(terms) / len(terms)
+        loss = sum(terms) / (len(terms) if norm_tokens is None else len(step) * norm_tokens)
         if value_terms:
             loss = loss + vf_coef * sum(value_terms) / len(value_terms)
         loss.backward()
@@ -143,6 +144,30 @@ def test_epochs_and_mini_batches_match_the_slow_reference_and_clip(tiny_model, s
         assert torch.allclose(value, expected, atol=2e-5, rtol=1e-4), name
     initial = dict(tiny(tiny_model).named_parameters())
     assert any(not torch.equal(value, initial[name]) for name, value in model.named_parameters())
+
+
+@pytest.mark.parametrize(
+    ("share_prefix", "micro_batch_tokens"), [(True, 4096), (False, 200), (False, 90)],
+    ids=["shared-prefix", "accumulated", "one-per-micro-batch"],
+)
+def test_dr_grpo_divides_by_a_constant_whatever_the_packing(tiny_model, share_prefix, micro_batch_tokens):
+    """Dr. GRPO (Liu et al. 2025): sum over policy tokens / (sequences x a fixed length), so a
+    token counts the same in a short or a long completion and in any micro-batch packing."""
+    model, reference = tiny(tiny_model), tiny(tiny_model)
+    samples = grpo_batch(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    update_step(
+        model, optimizer, samples, 0, UpdateSettings(
+            temperature=TEMPERATURE, max_grad_norm=1e9, ppo_epochs=2, mini_batches=2, share_prefix=share_prefix,
+            micro_batch_tokens=micro_batch_tokens, aggregation="token_sum_norm", loss_norm_tokens=32),
+        seed=3,
+    )
+    reference_update(reference, None, torch.optim.SGD(reference.parameters(), lr=0.5), samples,
+                     mini_batch_order(len(samples), 2, 2, seed=3), norm_tokens=32)
+    for (name, value), expected in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(value, expected, atol=2e-5, rtol=1e-4), name
+    with pytest.raises(ValueError, match="loss_norm_tokens"):
+        update_step(model, optimizer, samples, 0, UpdateSettings(aggregation="token_sum_norm"))
 
 
 def test_ppo_value_head_trains_in_the_same_passes_with_its_clipped_loss(tiny_model):

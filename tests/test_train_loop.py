@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch", reason="torch is installed by `make test`")
 transformers = pytest.importorskip("transformers", reason="transformers is installed by `make test`")
 
 from checkpoint_helpers import kill_train_when, write_run_config  # noqa: E402
+from harnessrl.rl.algorithms import grpo_samples  # noqa: E402
 from harnessrl.rl.batching import UpdateSample  # noqa: E402
 from harnessrl.rl.config import load_config  # noqa: E402
 from harnessrl.rl.loop import Trainer, train  # noqa: E402
@@ -113,12 +114,12 @@ def test_run_with_epochs_mini_batches_and_rloo_logs_every_optimizer_step(tiny_mo
     assert any("optimizer steps 6 clipped" in line for line in lines)
     # advantage: rloo gives each rollout r - mean of the other two, unscaled.
     trainer = Trainer(cfg, resume=True, log=lambda m: None)
-    assert trainer.scheduler.last_epoch == 1  # the schedule advanced once for the step, not six times
+    assert trainer.actor.scheduler.last_epoch == 1  # the schedule advanced once for the step, not six times
     trajectories = load_jsonl(run_dir / "rollouts" / "step-000000.jsonl")
-    samples = trainer.grpo_samples(trajectories, [1.0, 0.0, 0.0], [0, 0, 0])
+    samples = grpo_samples(trajectories, [1.0, 0.0, 0.0], [0, 0, 0], trainer.cfg)
     assert [s.advantage for s in samples] == pytest.approx([1.0, -0.5, -0.5])
     trainer.cfg.advantage = "grpo"
-    samples = trainer.grpo_samples(trajectories, [1.0, 0.0, 0.0], [0, 0, 0])
+    samples = grpo_samples(trajectories, [1.0, 0.0, 0.0], [0, 0, 0], trainer.cfg)
     assert [s.advantage for s in samples] == pytest.approx([2 ** 0.5, -(2 ** -0.5), -(2 ** -0.5)])
 
 
@@ -148,10 +149,10 @@ def test_lora_run_trains_only_the_adapter_and_resumes(tiny_model, tmp_path):
     record = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
     assert record["step"] == 0
     resumed = Trainer(load_config(preset="quick", overrides={**overrides, "steps": 2}), resume=True, log=lambda m: None)
-    assert resumed.state["step"] == 1 and resumed.ref_model is not None
-    lora_weights = {k: v for k, v in resumed.model.state_dict().items() if "lora_B" in k}
+    assert resumed.state["step"] == 1 and resumed.actor.ref_model is not None
+    lora_weights = {k: v for k, v in resumed.actor.model.state_dict().items() if "lora_B" in k}
     assert lora_weights and any(float(v.abs().sum()) > 0 for v in lora_weights.values())  # trained adapter loaded
-    trainable = [n for n, p in resumed.model.named_parameters() if p.requires_grad]
+    trainable = [n for n, p in resumed.actor.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
 
 
@@ -160,33 +161,33 @@ def test_bf16_rollouts_keep_float32_master_weights_in_sync(tiny_model, tmp_path)
     bfloat16 copy, and every optimizer step copies the master into it."""
     overrides = tiny_overrides(tiny_model, tmp_path / "bf16", 1) | {"dtype": "bfloat16", "device": "cpu"}
     trainer = Trainer(load_config(preset="quick", overrides=overrides), log=lambda m: None)
-    assert trainer.model is not trainer.policy.model
-    assert next(trainer.model.parameters()).dtype == torch.float32
+    assert trainer.actor.model is not trainer.policy.model
+    assert next(trainer.actor.model.parameters()).dtype == torch.float32
     assert next(trainer.policy.model.parameters()).dtype == torch.bfloat16
-    assert trainer.precision == {"rollout": "bfloat16", "master": "float32", "autocast": "bfloat16"}
-    master_before = {k: v.clone() for k, v in trainer.model.named_parameters()}
+    assert trainer.actor.precision == {"rollout": "bfloat16", "master": "float32", "autocast": "bfloat16"}
+    master_before = {k: v.clone() for k, v in trainer.actor.model.named_parameters()}
     # An update far below bfloat16's resolution of the weights: only float32 masters keep it.
     ids, mask = list(range(10, 30)), [0] * 10 + [1] * 10
     samples = [UpdateSample(ids, mask, [-1.0] * 20, 1.0), UpdateSample(ids[::-1], mask, [-1.0] * 20, -1.0)]
-    for group in trainer.optimizer.param_groups:
+    for group in trainer.actor.optimizer.param_groups:
         group["lr"] = 1e-6
-    update_step(trainer.model, trainer.optimizer, samples, 0, UpdateSettings(autocast_dtype=trainer.autocast_dtype))
-    trainer.sync_rollout_weights()
-    moved = [k for k, v in trainer.model.named_parameters() if not torch.equal(master_before[k], v)]
+    update_step(trainer.actor.model, trainer.actor.optimizer, samples, 0, UpdateSettings(autocast_dtype=trainer.actor.autocast_dtype))
+    trainer.actor.sync_rollout_weights()
+    moved = [k for k, v in trainer.actor.model.named_parameters() if not torch.equal(master_before[k], v)]
     assert moved
     rollout = dict(trainer.policy.model.named_parameters())
-    for name, parameter in trainer.model.named_parameters():
+    for name, parameter in trainer.actor.model.named_parameters():
         assert torch.equal(rollout[name], parameter.detach().to(torch.bfloat16))
     # The tiny steps are lost in bfloat16 for most weights, which is why the master is float32.
     lost = sum(
-        int(torch.equal(master_before[k].to(torch.bfloat16), trainer.model.get_parameter(k).detach().to(torch.bfloat16)))
+        int(torch.equal(master_before[k].to(torch.bfloat16), trainer.actor.model.get_parameter(k).detach().to(torch.bfloat16)))
         for k in moved
     )
     assert lost > 0
 
     float_overrides = tiny_overrides(tiny_model, tmp_path / "fp32", 1) | {"dtype": "float32", "device": "cpu"}
     single = Trainer(load_config(preset="quick", overrides=float_overrides), log=lambda m: None)
-    assert single.model is single.policy.model and single.precision["autocast"] == "off"
+    assert single.actor.model is single.policy.model and single.actor.precision["autocast"] == "off"
 
 
 def _prefix_samples():

@@ -123,6 +123,12 @@ class TrainConfig(BaseModel):
     clip_low: float = Field(0.20, ge=0.0, description="lower clip range eta- (Harness-S: 0.20)")
     clip_high: float = Field(0.28, ge=0.0, description="upper clip range eta+ (Harness-S: 0.28; classic PPO 0.2)")
     aggregation: Literal["token_mean", "seq_mean", "token_sum_norm"] = Field("token_mean", description="loss aggregation")
+    loss_norm_tokens: int | None = Field(
+        None, ge=1,
+        description="aggregation token_sum_norm (Dr. GRPO, Liu et al. 2025): a mini-batch's summed token loss is "
+        "divided by its sequences x this constant, whatever their lengths and packing; unset: max_turns x "
+        "max_new_tokens, an episode's generation budget",
+    )
     policy_loss: str = Field(
         "clipped",
         description="policy loss, an entry of rl.losses.POLICY_LOSSES: clipped = the token-level clipped surrogate "

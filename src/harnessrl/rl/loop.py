@@ -14,59 +14,40 @@ started by SFT on oracle demonstrations rendered under the training harnesses.
 from __future__ import annotations
 
 import json
-import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from harnessrl.design import make_design
 from harnessrl.diskio import append_text, is_disk_full, write_text_atomic
 from harnessrl.eval.behaviour import rates
 from harnessrl.eval.evaluate import EvalResult, evaluate
 from harnessrl.eval.sets import EvalTarget
-from harnessrl.harness.harness import Harness, HarnessLimits, out_of_space_names
+from harnessrl.harness.harness import HarnessLimits, out_of_space_names
 from harnessrl.harness.registry import default_space
-from harnessrl.memory import limit_malloc_arenas, peak_rss_mb, release_freed_memory, rss_mb
-from harnessrl.pairing import Pair, PairingSchedule
-from harnessrl.policy.base import SamplingParams
+from harnessrl.memory import limit_malloc_arenas, peak_rss_mb, rss_mb
+from harnessrl.pairing import PairingSchedule
 from harnessrl.progress import Progress
-from harnessrl.rescue.groups import GroupInfo, signal_metrics
-from harnessrl.rescue.router import TaskInfo
-from harnessrl.rl.advantages import grpo_advantages, no_signal_fraction, rloo_advantages
-from harnessrl.rl.batching import UpdateSample
+from harnessrl.rescue.groups import signal_metrics
+from harnessrl.rl.actor import Actor
+from harnessrl.rl.advantages import no_signal_fraction
+from harnessrl.rl.algorithms import algorithm_of, group_advantages
 from harnessrl.rl.blackbox import AgentRollouts, rollout_cost
-from harnessrl.rl.checkpoint import (
-    disk_full_error,
-    latest_checkpoint,
-    load_training_state,
-    recover_checkpoints,
-    save_checkpoint,
-)
+from harnessrl.rl.checkpoint import disk_full_error, latest_checkpoint, recover_checkpoints
 from harnessrl.rl.config import TrainConfig
 from harnessrl.rl.distributed import DataParallel
 from harnessrl.rl.frontier import FrontierSettings
-from harnessrl.rl.objectives import UpdateSettings
-from harnessrl.rl.ppo import ppo_samples
 from harnessrl.rl.rescue import Rescue
-from harnessrl.rl.sampling import StepSampler, combine_stats
-from harnessrl.rl.schedules import (
-    lr_lambda,
-    rollout_seed,
-    schedule,
-    seed_everything,
-    select_tasks,
-    sft_order,
-)
-from harnessrl.rl.sft import oracle_demonstrations, sft_samples
+from harnessrl.rl.sampling import StepSampler
+from harnessrl.rl.schedules import rollout_seed, seed_everything, select_tasks
+from harnessrl.rl.sft import warm_start
+from harnessrl.rl.sources import AgentSource, HarnessSource, Rollouts
 from harnessrl.rl.summary import format_summary, run_summary
 from harnessrl.rl.tracking import Tracker
-from harnessrl.rl.update import update_step
-from harnessrl.rl.weight_version import check_current, stamp_weight_version
-from harnessrl.rollout.engine import RolloutEngine, RolloutJob
+from harnessrl.rl.weight_version import check_current
 from harnessrl.sandbox.workspace import remove_stale_workspaces
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import save_jsonl
@@ -104,81 +85,14 @@ class Trainer:
                 log(f"removed {removed} episode workspace(s) a killed run left behind")
         seed_everything(cfg.seed)
 
-        from harnessrl.policy import make_training_policy
-        from harnessrl.policy.device import resolve_device, resolve_dtype, resolve_rollout_dtype
-        from harnessrl.policy.embedded import resolve_model_path
-        from harnessrl.policy.hf import HFPolicy
-
-        resuming = resume and checkpoint is not None
-        # Several processes shard full fine-tuning with FSDP2 and replicate LoRA (rl.distributed).
-        shard = self.parallel is not None and not cfg.lora_rank
-        if shard and cfg.policy_server is not None:
-            raise ValueError("full fine-tuning on several processes shards the model (FSDP2) and rolls out in "
-                             "process: drop policy_server, train LoRA (lora_rank > 0), or run one process")
-        # A LoRA checkpoint holds only the adapter: the base model comes from the config.
-        model_source = str(checkpoint / "model") if (resuming and not cfg.lora_rank) else cfg.model
-        device = resolve_device(cfg.device)
-        # Full fine-tuning keeps float32 master weights (the optimizer's) and samples from a
-        # copy in the rollout dtype, synced after every optimizer step; the update's forward
-        # and backward run under autocast in that dtype. bfloat16 master weights would round
-        # away updates of lr ~1e-6. LoRA trains float32 adapters on the shared base model.
-        # A float32 (or LoRA) rollout model in this process is trained in place, no copy; a
-        # sharded model cannot sample, so FSDP2 always trains a copy of its own.
-        rollout_dtype = resolve_dtype(cfg.dtype, device) if cfg.lora_rank else resolve_rollout_dtype(cfg.dtype, device)
-        self.policy = make_training_policy(model_source, cfg.device, rollout_dtype, server=cfg.policy_server,
-                                           server_model=cfg.policy_server_model, weights_dir=self.run_dir / "sync")
-        self.model = self.policy.local_model()
-        self.autocast_dtype: torch.dtype | None = None  # update_step's default: bf16 on CUDA only
-        if self.model is None or (not cfg.lora_rank and (rollout_dtype != torch.float32 or shard)):
-            from transformers import AutoModelForCausalLM
-
-            self.model = AutoModelForCausalLM.from_pretrained(
-                resolve_model_path(model_source), dtype=torch.float32, local_files_only=True
-            ).to(device)
-            if rollout_dtype != torch.float32:
-                self.autocast_dtype = rollout_dtype
-        self.precision = {
-            "rollout": str(rollout_dtype).removeprefix("torch."),
-            "master": str(next(self.model.parameters()).dtype).removeprefix("torch."),
-            "autocast": str(self.autocast_dtype or (torch.bfloat16 if device.type == "cuda" else "off")).removeprefix("torch."),
-        }
-        log(f"precision: rollout {self.precision['rollout']}, master weights {self.precision['master']}, "
-            f"update autocast {self.precision['autocast']}")
-        if cfg.lora_rank:
-            self.model = self._wrap_lora(self.model, checkpoint / "model" if resuming else None)
-            self.policy.sync_weights(self.model)  # samples through the adapters; drops the bare model's KV
-        elif cfg.policy_server is not None:
-            self.policy.sync_weights(self.model)  # the server samples from the weights trained here (or resumed)
-        if self.parallel is not None:
-            if shard:
-                self.parallel.shard_model(self.model)  # before the optimizer: it steps the shards
-            log(f"data parallel: {self.parallel.world_size} processes, "
-                f"{'model sharded by FSDP2' if shard else 'LoRA adapters replicated'}")
-        # The KL reference is the model the run started from, also after a resume.
-        self.ref_model: torch.nn.Module | None = None
-        if cfg.kl_coef > 0:
-            self.ref_model = HFPolicy(cfg.model, device=cfg.device, dtype=cfg.dtype).model.eval()
-            for parameter in self.ref_model.parameters():
-                parameter.requires_grad_(False)
-        self.value_head: torch.nn.Module | None = None
-        if cfg.algorithm == "ppo":
-            # The critic shares the policy's trunk: a linear value head on the last hidden state.
-            hidden = int(self.model.config.hidden_size)
-            self.value_head = torch.nn.Linear(hidden, 1).to(next(self.model.parameters()).device)
-            torch.nn.init.zeros_(self.value_head.weight)
-            torch.nn.init.zeros_(self.value_head.bias)
-            if resume and checkpoint is not None and (checkpoint / "value_head.pt").exists():
-                self.value_head.load_state_dict(torch.load(checkpoint / "value_head.pt", map_location="cpu"))
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        if self.value_head is not None:
-            trainable += list(self.value_head.parameters())
-        self.optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, cfg.steps))
+        # A resumed run's model (or LoRA adapter), optimizer and schedule come from its checkpoint.
+        resumed = checkpoint if resume else None
+        self.actor = Actor(cfg, resumed, self.parallel, self.run_dir / "sync", log)
+        self.policy = self.actor.policy
         self.state: dict[str, Any] = {"step": 0}
         self.metrics_path = self.run_dir / "metrics.jsonl"
-        if resume and checkpoint is not None:
-            shard_state = (lambda full: self.parallel.shard_optimizer_state(self.optimizer, full)) if shard else None
-            self.state = load_training_state(checkpoint, self.optimizer, self.scheduler, shard_state)
+        if resumed is not None:
+            self.state = self.actor.load_training_state()
             self._drop_metrics_from(int(self.state["step"]))
             self.log(f"resumed from {checkpoint} (step {self.state['step']})")
         self.tracker = Tracker(self.run_dir, cfg.report_to, cfg.model_dump(), self.log)
@@ -200,20 +114,23 @@ class Trainer:
                                    max_rounds=cfg.dynamic_sampling_rounds)
         if "sampler" in self.state:
             self.sampler.load_state_dict(self.state["sampler"])
-        self.harnesses: dict[str, Harness] = {}
-        self._pairs: list[list[str]] = []
-        self._groups: list[GroupInfo] = []
-        self._sampling: dict[str, Any] = {}
+        self.source: HarnessSource | AgentSource = HarnessSource(
+            cfg, self.policy, self.sampler, self.task_by_id, self.limits, self.parallel)
+        self.harness_source = self.source
         self.rescue: Rescue | None = None
-        # Black-box: served in-process, so the trainer's weight sync reaches the agents' server.
-        self.agent_rollouts = AgentRollouts.of(cfg, self.policy, self.train_tasks, log)
         if cfg.rescue != "none":
             self.rescue = Rescue(
-                cfg, self.design.codes, self.validation_tasks(), self.harness,
+                cfg, self.design.codes, self.validation_tasks(), self.harness_source.harness,
                 lambda step, index: rollout_seed(cfg.seed, step, index), log=log,
             )
             if "rescue" in self.state:
                 self.rescue.load_state_dict(self.state["rescue"])
+            if cfg.rescue == "mixture":
+                self.harness_source.mixture = self.rescue.mixture
+        # Black-box: served in-process, so the trainer's weight sync reaches the agents' server.
+        agents = AgentRollouts.of(cfg, self.policy, self.train_tasks, log)
+        if agents is not None:
+            self.source = AgentSource(cfg, self.policy, agents, self.schedule, self.task_by_id)
 
     def validation_tasks(self) -> list[Task]:
         """Returns the paired validation tasks of rescue routing: train-split tasks the run does
@@ -226,35 +143,9 @@ class Trainer:
             apart += [t for t in self.train_tasks if t not in apart][: wanted - len(apart)]
         return apart
 
-    def sync_rollout_weights(self) -> None:
-        """Gives the rollout policy the trained weights (copied in when the master weights are a
-        model of their own; gathered when sharded) and drops its prefix KV cache: call it after
-        every optimizer step."""
-        if self.parallel is not None and self.parallel.sharded:
-            self.parallel.sync_sampling_copy(self.model, self.policy)
-        else:
-            self.policy.sync_weights(self.model)
-        release_freed_memory()  # the step's activations, kept by the C allocator otherwise
-
     def close(self) -> None:
-        """Stops the agent server of black-box rollouts (if any); the policy stays usable."""
-        if self.agent_rollouts is not None:
-            self.agent_rollouts.close()
-
-    def _wrap_lora(self, model: Any, adapter_dir: Path | None) -> Any:
-        try:
-            from peft import LoraConfig, PeftModel, get_peft_model
-        except ImportError:
-            raise ValueError("lora_rank > 0 needs peft: pip install 'harnessrl[lora]'") from None
-        if adapter_dir is not None:
-            return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
-        config = LoraConfig(r=self.cfg.lora_rank, lora_alpha=self.cfg.lora_alpha, target_modules="all-linear")
-        return get_peft_model(model, config)
-
-    def harness(self, code: str) -> Harness:
-        if code not in self.harnesses:
-            self.harnesses[code] = Harness.named(code, self.limits)
-        return self.harnesses[code]
+        """Stops the rollout source's servers (black-box agents); the policy stays usable."""
+        self.source.close()
 
     # -- evaluation -------------------------------------------------------------------------
     def eval_sets(self) -> dict[str, list[str]]:
@@ -294,103 +185,33 @@ class Trainer:
         return out
 
     # -- one RL step --------------------------------------------------------------------------
-    def rollouts(self, step: int) -> tuple[list[Any], list[int], Any]:
-        pairs = self.schedule.step(step)
-        if self.agent_rollouts is not None:  # black-box: G agent runs per task (rl/blackbox.py)
-            self._pairs = [[p.task, p.config.code] for p in pairs]
-            tasks = [self.task_by_id[p.task] for p in pairs for _ in range(self.cfg.group_size)]
-            self._groups = [GroupInfo(g, TaskInfo.of(self.task_by_id[p.task]), self.cfg.rollout_through)
-                            for g, p in enumerate(pairs)]
-            version = self.policy.weight_version
-            trajectories, agent_stats = self.agent_rollouts.run(tasks, first_run=step * len(tasks))
-            trajectories = stamp_weight_version(trajectories, self.policy, version)
-            return trajectories, [i // self.cfg.group_size for i in range(len(tasks))], agent_stats
-        # The frontier's round tasks and dynamic sampling's rounds (rl/sampling.py).
-        result = self.sampler.run(step, lambda batch, round_: self.run_pairs(step, batch, round_))
-        self._pairs = [[p.task, p.config.code] for p in result.pairs]
-        self._groups = [GroupInfo(g, TaskInfo.of(self.task_by_id[p.task]), p.config.code)
-                        for g, p in enumerate(result.pairs)]
-        self._sampling = result.metrics
-        trajectories, groups = result.flat()
-        return trajectories, groups, combine_stats(result.stats)
-
-    def run_pairs(self, step: int, pairs: Sequence[Pair], round_: int) -> tuple[list[list[Any]], Any]:
-        """Rolls out G episodes of each pair (sampling round ``round_`` of ``step``); returns
-        them per pair and the engine's stats."""
-        jobs: list[RolloutJob] = []
-        seed = self.cfg.seed if round_ == 0 else self.cfg.seed * 7_919 + round_  # rounds > 0: seeds of their own
-        for group, pair in enumerate(pairs):
-            code = pair.config.code
-            members = [code] * self.cfg.group_size
-            if self.rescue is not None and self.cfg.rescue == "mixture":
-                members = self.rescue.mixture(code, seed=rollout_seed(seed, step, group))
-            for member, harness in enumerate(members):
-                index = group * self.cfg.group_size + member
-                jobs.append(
-                    RolloutJob(
-                        self.task_by_id[pair.task], self.harness(harness),
-                        seed=rollout_seed(seed, step, index),
-                        tags={"group": group, "slot": pair.slot},
-                    )
-                )
-        version, groups = self.policy.weight_version, [job.tags["group"] for job in jobs]
-        trajectories, stats = self.run_sharded(jobs, groups)
-        trajectories = stamp_weight_version(trajectories, self.policy, version)
-        per_pair: list[list[Any]] = [[] for _ in pairs]
-        for trajectory, group in zip(trajectories, groups, strict=True):
-            per_pair[group].append(trajectory)
-        return per_pair, stats
-
-    def run_sharded(self, jobs: list[RolloutJob], keys: list[int]) -> tuple[list[Any], Any]:
-        """Runs jobs (under torchrun: job i on rank ``keys[i] mod world size``, gathered on every
-        rank); returns their trajectories in order and the rollout stats."""
-        if self.parallel is None:
-            return self.engine().run(jobs)
-        owners = [key % self.parallel.world_size for key in keys]
-        return self.parallel.run_sharded(self.engine().run, jobs, owners)
-
-    def engine(self) -> RolloutEngine:
-        """Returns a rollout engine over the current policy with the training sampling."""
-        return RolloutEngine(
-            self.policy, max_concurrent=self.cfg.max_concurrent, env_workers=self.cfg.env_workers,
-            sampling=SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                                    max_new_tokens=self.cfg.max_new_tokens),
-            backend=self.cfg.sandbox_backend, progress=True, deterministic=self.cfg.deterministic,
-        )
-
-    def run_jobs(self, jobs: list[RolloutJob]) -> list[Any]:
-        """Runs jobs under the training sampling; returns their trajectories in order."""
-        version = self.policy.weight_version
-        return stamp_weight_version(self.run_sharded(jobs, list(range(len(jobs))))[0], self.policy, version)
-
-    def rl_step(self, step: int) -> dict[str, Any]:
-        t0 = time.perf_counter()
+    def rollouts(self, step: int) -> Rollouts:
+        """The step's rollouts from the run's source, with rescue's re-anchoring and dead-group
+        rescue applied (``rl/rescue.py``)."""
         extra: dict[str, Any] = {}
         if self.rescue is not None and self.rescue.needs_anchor(step):
-            extra["rescue_anchor"] = self.rescue.anchor(step, self.run_jobs)
-        trajectories, groups, stats = self.rollouts(step)
+            extra["rescue_anchor"] = self.rescue.anchor(step, self.harness_source.run_jobs)
+        rollouts = self.source.run(step)
         if self.rescue is not None:
-            trajectories, groups, rescue_metrics = self.rescue.rescue(
-                step, trajectories, groups, self._groups, self.run_jobs, self.task_by_id.__getitem__
+            rollouts.trajectories, rollouts.groups, rescue_metrics = self.rescue.rescue(
+                step, rollouts.trajectories, rollouts.groups, rollouts.group_infos, self.harness_source.run_jobs,
+                self.task_by_id.__getitem__,
             )
             extra.update({f"rescue/{k}": v for k, v in rescue_metrics.items()})
+        rollouts.metrics.update(extra)
+        return rollouts
+
+    def rl_step(self, step: int) -> dict[str, Any]:
+        """One step as its data flow: rollouts (rescued), samples of the run's algorithm, the
+        actor's update and weight sync; returns the step's metrics record."""
+        t0 = time.perf_counter()
+        rollouts = self.rollouts(step)
+        trajectories, groups = rollouts.trajectories, rollouts.groups
         check_current(trajectories, self.policy)
         rewards = [t.reward for t in trajectories]
-        if self.cfg.objective == "sft":  # behaviour cloning on the step's successful runs
-            samples = sft_samples([t for t in trajectories if t.passed])
-        elif self.cfg.algorithm == "ppo":
-            samples = self.ppo_samples(trajectories)
-        else:
-            samples = self.grpo_samples(trajectories, rewards, groups)
+        samples = algorithm_of(self.cfg)(trajectories, rewards, groups, self.cfg, self.actor)
         t1 = time.perf_counter()
-        update = update_step(
-            self.model, self.optimizer, samples, self.policy.tokenizer.pad_token_id,
-            UpdateSettings.from_config(self.cfg, self.autocast_dtype),
-            ref_model=self.ref_model, value_head=self.value_head, scheduler=self.scheduler,
-            seed=rollout_seed(self.cfg.seed, step, 0),  # a pure function of the step: resumable
-            data_parallel=self.parallel,
-        )
-        self.sync_rollout_weights()
+        update = self.actor.update(samples, seed=rollout_seed(self.cfg.seed, step, 0))
         if self.main:
             save_jsonl(trajectories, self.run_dir / "rollouts" / f"step-{step:06d}.jsonl")
         return {
@@ -398,88 +219,29 @@ class Trainer:
             "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
             "pass_rate": float(np.mean([t.passed for t in trajectories])) if trajectories else 0.0,
             "no_signal_fraction": no_signal_fraction(rewards, groups),
-            **signal_metrics(trajectories, groups, self.group_advantages(rewards, groups)),
+            **signal_metrics(trajectories, groups, group_advantages(rewards, groups, self.cfg)),
             "episodes": len(trajectories),
-            "errored": stats.errored,
+            "errored": rollouts.stats.errored,
             "trained_samples": len(samples),
             "trained_tokens": sum(sum(s.loss_mask) for s in samples),
             "format_errors": sum(t.metrics.get("format_errors", 0) for t in trajectories),
-            "pairs": self._pairs,
-            "lr": self.scheduler.get_last_lr()[0],
+            "pairs": rollouts.pairs,
+            "lr": self.actor.scheduler.get_last_lr()[0],
             "rollout_time_s": round(t1 - t0, 2),
             "update_time_s": round(time.perf_counter() - t1, 2),
             **rollout_cost(trajectories),
-            "tokens_generated": stats.tokens_generated,
-            **(stats.metrics() if self.agent_rollouts is not None else {}),
+            "tokens_generated": rollouts.stats.tokens_generated,
             **{f"update/{k}": v for k, v in update.items()},
-            **self._sampling,
-            **extra,
-            # After the step's buffers went back to the system (sync_rollout_weights): flat across steps.
+            **rollouts.metrics,
+            # After the step's buffers went back to the system (the weight sync): flat across steps.
             "memory/rss_mb": round(rss_mb(), 1),
             "memory/peak_rss_mb": round(peak_rss_mb(), 1),
         }
 
-    def group_advantages(self, rewards: list[float], groups: list[int]) -> list[float]:
-        """Returns each rollout's group-relative advantage (``cfg.advantage``: GRPO or RLOO)."""
-        if self.cfg.advantage == "rloo":
-            return rloo_advantages(rewards, groups)
-        return grpo_advantages(rewards, groups, scale_std=self.cfg.scale_std)
-
-    def grpo_samples(self, trajectories: list[Any], rewards: list[float], groups: list[int]) -> list[UpdateSample]:
-        """Returns update samples with each rollout's group-relative advantage (``cfg.advantage``)."""
-        advantages = self.group_advantages(rewards, groups)
-        samples: list[UpdateSample] = []
-        for trajectory, advantage in zip(trajectories, advantages, strict=True):
-            if self.cfg.skip_no_signal_groups and advantage == 0.0:
-                continue
-            for s in trajectory.training_samples():
-                samples.append(UpdateSample(s.input_ids, s.loss_mask, s.old_logprobs, advantage))
-        return samples
-
-    def ppo_samples(self, trajectories: list[Any]) -> list[UpdateSample]:
-        """Returns update samples with per-turn GAE advantages from the value head (``rl.ppo``)."""
-        assert self.value_head is not None
-        return ppo_samples(trajectories, self.model, self.value_head, self.policy.tokenizer.pad_token_id,
-                           micro_batch_tokens=self.cfg.micro_batch_tokens, gamma=self.cfg.gamma,
-                           gae_lambda=self.cfg.gae_lambda, autocast_dtype=self.autocast_dtype)
-
     # -- the run ---------------------------------------------------------------------------------
     def warm_start(self) -> dict[str, Any]:
-        """SFT on oracle demonstrations under the training harnesses (behaviour cloning)."""
-        cfg = self.cfg
-        # The oracle is not bound by the policy's per-turn sampling limit: demonstrations show
-        # whole actions (the context window still applies).
-        demo_limits = HarnessLimits(
-            max_turns=max(cfg.max_turns, 8), max_new_tokens=min(2048, cfg.context_tokens // 2),
-            context_tokens=cfg.context_tokens, fixed_wall_time=cfg.deterministic,
-        )
-        demos = oracle_demonstrations(
-            self.train_tasks[: cfg.sft_tasks], [c.code for c in self.design.configs], self.policy.tokenizer,
-            demo_limits, seed=cfg.seed, backend=cfg.sandbox_backend,
-        )
-        samples = sft_samples(demos)
-        if not samples:
-            self.log("warm start skipped: no oracle demonstration passed under these limits")
-            return {"demonstrations": 0, "samples": 0, "nll": []}
-        optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.sft_learning_rate)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, schedule(cfg.sft_lr_schedule, cfg.sft_warm_start_steps)
-        )
-        history = []
-        per_step = max(1, math.ceil(len(samples) / max(1, cfg.sft_warm_start_steps)))
-        order = sft_order(samples, [s.meta["harness"] for s in samples], cfg.seed, chunk=cfg.sft_harness_run)
-        for i in Progress.over(range(cfg.sft_warm_start_steps), "sft", "step"):
-            batch = [order[(i * per_step + j) % len(order)] for j in range(min(per_step, len(order)))]
-            metrics = update_step(
-                self.model, optimizer, batch, self.policy.tokenizer.pad_token_id, UpdateSettings(
-                    objective="nll", max_grad_norm=cfg.max_grad_norm, micro_batch_tokens=cfg.micro_batch_tokens,
-                    autocast_dtype=self.autocast_dtype),
-                scheduler=scheduler, data_parallel=self.parallel,
-            )
-            self.sync_rollout_weights()
-            history.append(metrics["nll"])
-            self.log(f"sft {i + 1}/{cfg.sft_warm_start_steps}: nll {metrics['nll']:.3f}")
-        return {"demonstrations": len(demos), "samples": len(samples), "nll": history}
+        """SFT on oracle demonstrations under the training harnesses (``rl.sft.warm_start``)."""
+        return warm_start(self.actor, self.cfg, self.train_tasks, [c.code for c in self.design.configs], self.log)
 
     def _drop_metrics_from(self, step: int) -> None:
         """Forgets metrics of steps at or after ``step`` (they are redone after a resume)."""
@@ -502,16 +264,7 @@ class Trainer:
             self.state["rescue"] = self.rescue.state_dict()
         if self.cfg.frontier or self.cfg.dynamic_sampling_rounds:
             self.state["sampler"] = self.sampler.state_dict()
-        tokenizer = getattr(self.policy, "hf_tokenizer", None)
-        extra = {"value_head": self.value_head} if self.value_head is not None else None
-        model_state = optimizer_state = None
-        if self.parallel is not None and self.parallel.sharded:  # every rank gathers, rank 0 writes
-            model_state = self.parallel.full_model_state(self.model)
-            optimizer_state = self.parallel.full_optimizer_state(self.optimizer)
-        if self.main:  # one full checkpoint, whatever the world size: it resumes on any
-            save_checkpoint(self.run_dir, step, self.model, tokenizer, self.optimizer, self.scheduler, self.state,
-                            keep=self.cfg.keep_checkpoints, extra_modules=extra,
-                            model_state=model_state, optimizer_state=optimizer_state)
+        self.actor.save(self.run_dir, step, self.state, self.main)
         if self.parallel is not None:
             self.parallel.barrier()
 
@@ -522,7 +275,7 @@ class Trainer:
             return self._run()
         except Exception as exc:
             if is_disk_full(exc):
-                raise disk_full_error(self.run_dir, exc, getattr(self, "model", None)) from exc
+                raise disk_full_error(self.run_dir, exc, getattr(getattr(self, "actor", None), "model", None)) from exc
             raise
 
     def _run(self) -> dict[str, Any]:
@@ -553,7 +306,7 @@ class Trainer:
                 self.checkpoint(step + 1)
         if self.rescue is not None and self.rescue.anchors and self.state.get("final_anchor_step") != cfg.steps:
             # Once more after training: the final policy's routing evidence (and its margins).
-            self.state["final_anchor"] = self.rescue.anchor(cfg.steps, self.run_jobs)
+            self.state["final_anchor"] = self.rescue.anchor(cfg.steps, self.harness_source.run_jobs)
             self.state["final_anchor_step"] = cfg.steps
             self.checkpoint(cfg.steps)
         self.close()
@@ -585,7 +338,7 @@ class Trainer:
         return run_summary(self.state, run_dir=str(self.run_dir), steps=self.cfg.steps, design=self.design.kind,
                            algorithm=self.cfg.algorithm, train_configs=self.design.codes,
                            held_out=[c.code for c in self.held_out.configs],
-                           eval_tasks=[t.id for t in self.eval_tasks], precision=self.precision)
+                           eval_tasks=[t.id for t in self.eval_tasks], precision=self.actor.precision)
 
 
 def train(cfg: TrainConfig, resume: bool = False, log: Logger = print) -> dict[str, Any]:

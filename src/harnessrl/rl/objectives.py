@@ -36,6 +36,7 @@ class UpdateSettings:
     clip_low: float | None = None
     clip_high: float | None = None
     aggregation: str | None = None
+    loss_norm_tokens: int | None = None
     importance_cap: float = 2.0
     entropy_coef: float = 0.0
     kl_coef: float = 0.0
@@ -66,6 +67,7 @@ class UpdateSettings:
             objective="nll" if cfg.objective == "sft" else "pg", policy_loss=cfg.policy_loss,
             temperature=cfg.temperature if cfg.temperature > 0 else 1.0,
             clip_low=cfg.clip_low, clip_high=cfg.clip_high, aggregation=cfg.aggregation,
+            loss_norm_tokens=cfg.loss_norm_tokens or cfg.max_turns * cfg.max_new_tokens,
             importance_cap=cfg.importance_cap, entropy_coef=cfg.entropy_coef, kl_coef=cfg.kl_coef,
             kl_estimator=cfg.kl_estimator, max_grad_norm=cfg.max_grad_norm,
             micro_batch_tokens=cfg.micro_batch_tokens, vf_coef=cfg.vf_coef, vf_clip=cfg.vf_clip,
@@ -90,12 +92,11 @@ class UpdateSettings:
 @dataclass(frozen=True)
 class MiniBatchTotals:
     """What a micro-batch's loss needs of its whole mini-batch: the policy tokens, the samples
-    with at least one, the PPO value positions, and the micro-batches it was cut into."""
+    with at least one, and the PPO value positions."""
 
     tokens: float
     sequences: float
     values: float
-    micro_batches: int
 
 
 @dataclass
@@ -153,13 +154,18 @@ def nll_objective(batch: MicroBatch, settings: UpdateSettings, ref_model: Any, v
 def _mini_batch_aggregation(aggregation: str, settings: UpdateSettings, batch: MicroBatch) -> tuple[str, float | None, float]:
     """Returns (aggregation, norm, scale) that make a micro-batch's loss its share of the
     mini-batch's: ``token_mean`` becomes a sum over tokens / all policy tokens of the
-    mini-batch; ``seq_mean`` weights by sequences; ``token_sum_norm`` divides by the budget."""
+    mini-batch; ``seq_mean`` weights by sequences; ``token_sum_norm`` divides the sum by the
+    mini-batch's sequences x ``loss_norm_tokens`` (Dr. GRPO's constant: the same for any
+    packing and any lengths)."""
     totals = batch.totals
     if aggregation == "token_mean":
         return "token_sum_norm", totals.tokens, 1.0
     if aggregation == "seq_mean":
         return "seq_mean", None, batch.rows / max(totals.sequences, 1.0)
-    return "token_sum_norm", float(settings.micro_batch_tokens), 1.0 / totals.micro_batches
+    if settings.loss_norm_tokens is None:
+        raise ValueError("aggregation token_sum_norm needs loss_norm_tokens, the constant a sequence's summed "
+                         "token loss is divided by (Dr. GRPO: the generation budget)")
+    return "token_sum_norm", max(totals.sequences, 1.0) * settings.loss_norm_tokens, 1.0
 
 
 @register_objective("pg")

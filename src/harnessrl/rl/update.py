@@ -154,7 +154,6 @@ def _accumulate_mini_batch(
         tokens=float(sum(sum(s.loss_mask[1:]) for s in mini_batch)),
         sequences=float(sum(1 for s in mini_batch if sum(s.loss_mask[1:]) > 0)),
         values=float(sum(len(s.value_positions) for s in mini_batch)),
-        micro_batches=len(batches),
     )
     diagnostics.micro_batches += len(batches)
     step_terms: dict[str, float] = {}  # the loss terms of this optimizer step

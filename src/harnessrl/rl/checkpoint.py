@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from harnessrl.diskio import DiskFull
+from harnessrl.diskio import DiskFull, write_text_atomic
 
 STATE_FILE = "trainer_state.json"
 MANIFEST_FILE = "manifest.json"
@@ -215,6 +215,30 @@ def disk_full_error(run_dir: str | Path, exc: BaseException, model: Any = None) 
     where = f"checkpoint {latest.name}" if latest is not None else "the start (no checkpoint was written)"
     return DiskFull(run_dir, needed=needed,
                     hint=f"free space and run the same command again; it resumes from {where}")
+
+
+def prepare_run_dir(
+    run_dir: Path, resume: bool, config_json: str, parallel: Any, log: Callable[[str], None],
+) -> Path | None:
+    """Makes ``run_dir`` ready for a run and returns the checkpoint it resumes from (None: from
+    step 0). Resuming repairs what a kill mid-save left (``recover_checkpoints``; this trainer
+    is the folder's only writer); a new run refuses a folder that is not empty. Rank 0 writes
+    the run's ``config.json``; under torchrun every rank has looked first (``parallel``)."""
+    main = parallel is None or parallel.is_main
+    if resume:
+        for message in recover_checkpoints(run_dir):
+            log(f"checkpoints: {message}")
+    checkpoint = latest_checkpoint(run_dir)
+    if resume and checkpoint is None and run_dir.exists():
+        log(f"no complete checkpoint in {run_dir}: starting from step 0")
+    if not resume and run_dir.exists() and any(run_dir.iterdir()):
+        raise ValueError(f"run directory {run_dir} is not empty; pass --resume to continue it or --run-dir for a new run")
+    if parallel is not None:
+        parallel.barrier()  # every rank has looked at the directory before rank 0 fills it
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if main:
+        write_text_atomic(run_dir / "config.json", config_json)
+    return checkpoint if resume else None
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

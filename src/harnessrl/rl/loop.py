@@ -1,14 +1,16 @@
-"""The harness-scaling training loop: design -> pairing -> rollouts -> advantages -> update.
+"""The training loop: one run's steps as its data flow, and the run around them.
 
     for step t:
-        pairs   = schedule.step(t)                      # (task, config) pairs, K-pairing
-        rollout = G episodes per pair                   # a GRPO group = one task under one config
-        A       = group-relative advantages             # zero for groups without signal
-        update  = clipped surrogate on policy tokens    # ppo_epochs x mini_batches optimizer steps
+        rollouts = source.run(t)                        # rl/sources.py: harness jobs (pairs from
+                                                        #   rl/sampling.py: K-pairing, frontier,
+                                                        #   dynamic sampling) or agent programs
+        rollouts = rescue(t, rollouts)                  # rl/rescue.py: dead groups (rescue != none)
+        samples  = ALGORITHMS[algorithm](rollouts)      # rl/algorithms.py: grpo, ppo, sft
+        metrics  = actor.update(samples)                # rl/actor.py: update_step + weight sync
         log, checkpoint (atomic), evaluate every N steps
 
 Before step 0 the untrained policy is evaluated (for the summary) and, optionally, warm
-started by SFT on oracle demonstrations rendered under the training harnesses.
+started by SFT on oracle demonstrations rendered under the training harnesses (rl/sft.py).
 """
 
 from __future__ import annotations
@@ -23,10 +25,7 @@ import numpy as np
 
 from harnessrl.design import make_design
 from harnessrl.diskio import append_text, is_disk_full, write_text_atomic
-from harnessrl.eval.behaviour import rates
-from harnessrl.eval.evaluate import EvalResult, evaluate
-from harnessrl.eval.sets import EvalTarget
-from harnessrl.harness.harness import HarnessLimits, out_of_space_names
+from harnessrl.harness.harness import HarnessLimits
 from harnessrl.harness.registry import default_space
 from harnessrl.memory import limit_malloc_arenas, peak_rss_mb, rss_mb
 from harnessrl.pairing import PairingSchedule
@@ -36,11 +35,12 @@ from harnessrl.rl.actor import Actor
 from harnessrl.rl.advantages import no_signal_fraction
 from harnessrl.rl.algorithms import algorithm_of, group_advantages
 from harnessrl.rl.blackbox import AgentRollouts, rollout_cost
-from harnessrl.rl.checkpoint import disk_full_error, latest_checkpoint, recover_checkpoints
+from harnessrl.rl.checkpoint import disk_full_error, prepare_run_dir
 from harnessrl.rl.config import TrainConfig
 from harnessrl.rl.distributed import DataParallel
+from harnessrl.rl.evaluation import eval_sets, evaluate_run
 from harnessrl.rl.frontier import FrontierSettings
-from harnessrl.rl.rescue import Rescue
+from harnessrl.rl.rescue import Rescue, validation_tasks
 from harnessrl.rl.sampling import StepSampler
 from harnessrl.rl.schedules import rollout_seed, seed_everything, select_tasks
 from harnessrl.rl.sft import warm_start
@@ -49,7 +49,6 @@ from harnessrl.rl.summary import format_summary, run_summary
 from harnessrl.rl.tracking import Tracker
 from harnessrl.rl.weight_version import check_current
 from harnessrl.sandbox.workspace import remove_stale_workspaces
-from harnessrl.tasks.model import Task
 from harnessrl.trajectory import save_jsonl
 
 Logger = Callable[[str], None]
@@ -66,32 +65,17 @@ class Trainer:
         self.cfg, self.log = cfg, (log if self.main else lambda message: None)
         log = self.log
         self.run_dir = Path(cfg.run_dir)
-        if resume:  # this trainer is the run's only writer: repair what a kill mid-save left
-            for message in recover_checkpoints(self.run_dir):
-                log(f"checkpoints: {message}")
-        checkpoint = latest_checkpoint(self.run_dir)
-        if resume and checkpoint is None and self.run_dir.exists():
-            log(f"no complete checkpoint in {self.run_dir}: starting from step 0")
-        if not resume and self.run_dir.exists() and any(self.run_dir.iterdir()):
-            raise ValueError(
-                f"run directory {self.run_dir} is not empty; pass --resume to continue it or --run-dir for a new run"
-            )
-        if self.parallel is not None:
-            self.parallel.barrier()  # every rank has looked at the directory before rank 0 fills it
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if self.main:
-            write_text_atomic(self.run_dir / "config.json", cfg.model_dump_json(indent=2))
-            if removed := remove_stale_workspaces():
-                log(f"removed {removed} episode workspace(s) a killed run left behind")
+        checkpoint = prepare_run_dir(self.run_dir, resume, cfg.model_dump_json(indent=2), self.parallel, log)
+        if self.main and (removed := remove_stale_workspaces()):
+            log(f"removed {removed} episode workspace(s) a killed run left behind")
         seed_everything(cfg.seed)
 
         # A resumed run's model (or LoRA adapter), optimizer and schedule come from its checkpoint.
-        resumed = checkpoint if resume else None
-        self.actor = Actor(cfg, resumed, self.parallel, self.run_dir / "sync", log)
+        self.actor = Actor(cfg, checkpoint, self.parallel, self.run_dir / "sync", log)
         self.policy = self.actor.policy
         self.state: dict[str, Any] = {"step": 0}
         self.metrics_path = self.run_dir / "metrics.jsonl"
-        if resumed is not None:
+        if checkpoint is not None:
             self.state = self.actor.load_training_state()
             self._drop_metrics_from(int(self.state["step"]))
             self.log(f"resumed from {checkpoint} (step {self.state['step']})")
@@ -120,7 +104,7 @@ class Trainer:
         self.rescue: Rescue | None = None
         if cfg.rescue != "none":
             self.rescue = Rescue(
-                cfg, self.design.codes, self.validation_tasks(), self.harness_source.harness,
+                cfg, self.design.codes, validation_tasks(cfg, self.train_tasks, log), self.harness_source.harness,
                 lambda step, index: rollout_seed(cfg.seed, step, index), log=log,
             )
             if "rescue" in self.state:
@@ -132,57 +116,21 @@ class Trainer:
         if agents is not None:
             self.source = AgentSource(cfg, self.policy, agents, self.schedule, self.task_by_id)
 
-    def validation_tasks(self) -> list[Task]:
-        """Returns the paired validation tasks of rescue routing: train-split tasks the run does
-        not train on (its training tasks when the split has no others)."""
-        wanted = self.cfg.rescue_validation_tasks
-        pool = select_tasks(self.cfg, self.cfg.train_split, len(self.train_tasks) + wanted)
-        apart = [t for t in pool if t.id not in self.task_by_id][:wanted]
-        if len(apart) < wanted:
-            self.log(f"rescue: only {len(apart)} train tasks outside training; validating on training tasks too")
-            apart += [t for t in self.train_tasks if t not in apart][: wanted - len(apart)]
-        return apart
-
     def close(self) -> None:
         """Stops the rollout source's servers (black-box agents); the policy stays usable."""
         self.source.close()
 
     # -- evaluation -------------------------------------------------------------------------
-    def eval_sets(self) -> dict[str, list[str]]:
-        sets = {"in_space": [c.code for c in self.held_out.configs]}
-        if self.cfg.eval_out_of_space:
-            sets["out_of_space"] = out_of_space_names()
-        return sets
-
     def evaluate(self, label: str) -> dict[str, Any]:
-        """Returns Pass@1 per evaluation set; all sets run as one batch of episodes (on rank 0)."""
-        if self.parallel is not None:
-            return self.parallel.on_main(lambda: self._evaluate(label))
-        return self._evaluate(label)
+        """Returns Pass@1 per evaluation set (``rl.evaluation``; on rank 0 under torchrun)."""
+        def run() -> dict[str, Any]:
+            out = evaluate_run(self.policy, self.cfg, eval_sets(self.cfg, self.held_out), self.eval_tasks,
+                               self.limits, self.design, self.run_dir / "eval" / f"{label}.jsonl", self.log)
+            if out:
+                self.tracker.log_eval(label, out, int(self.state.get("step", 0)))
+            return out
 
-    def _evaluate(self, label: str) -> dict[str, Any]:
-        sets = {name: codes for name, codes in self.eval_sets().items() if codes}
-        if not sets:
-            return {}
-        targets = [EvalTarget(code, name) for name, codes in sets.items() for code in codes]
-        result: EvalResult = evaluate(
-            self.policy, targets, self.eval_tasks, k=1,
-            limits=self.limits, temperature=self.cfg.eval_temperature, max_new_tokens=self.cfg.max_new_tokens,
-            seed=self.cfg.seed, max_concurrent=self.cfg.max_concurrent, env_workers=self.cfg.env_workers,
-            backend=self.cfg.sandbox_backend, progress=True, design=self.design, deterministic=self.cfg.deterministic,
-        )
-        save_jsonl(result.trajectories, self.run_dir / "eval" / f"{label}.jsonl")
-        out: dict[str, Any] = {}
-        for name, codes in sets.items():
-            scores = result.per_group[name]
-            out[name] = {
-                **{key: scores[key] for key in ("pass_at_1", "pass_at_1_ci", "episodes", "format_error_rate")},
-                "per_config": {c: result.per_config[c]["pass_at_1"] for c in codes if c in result.per_config},
-                "behaviour": rates(result.behaviour["per_group"][name]),
-            }
-            self.log(f"eval[{label}] {name}: Pass@1 {out[name]['pass_at_1']:.3f} over {scores['episodes']} episodes")
-        self.tracker.log_eval(label, out, int(self.state.get("step", 0)))
-        return out
+        return self.parallel.on_main(run) if self.parallel is not None else run()
 
     # -- one RL step --------------------------------------------------------------------------
     def rollouts(self, step: int) -> Rollouts:

@@ -37,6 +37,7 @@ from harnessrl.rescue.rank1 import paired_validation
 from harnessrl.rescue.router import Evidence, Router
 from harnessrl.rescue.routing import make_router
 from harnessrl.rl.config import TrainConfig
+from harnessrl.rl.schedules import select_tasks
 from harnessrl.rollout.engine import RolloutJob
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import Trajectory
@@ -170,3 +171,16 @@ class Rescue:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.router.load_state_dict(state.get("router", {}))
         self.last_anchor = state.get("last_anchor")
+
+
+def validation_tasks(cfg: TrainConfig, train_tasks: Sequence[Task], log: Callable[[str], None]) -> list[Task]:
+    """Returns the paired validation tasks of rescue routing: train-split tasks the run does
+    not train on (its training tasks when the split has no others)."""
+    wanted = cfg.rescue_validation_tasks
+    training = {t.id for t in train_tasks}
+    pool = select_tasks(cfg, cfg.train_split, len(train_tasks) + wanted)
+    apart = [t for t in pool if t.id not in training][:wanted]
+    if len(apart) < wanted:
+        log(f"rescue: only {len(apart)} train tasks outside training; validating on training tasks too")
+        apart += [t for t in train_tasks if t not in apart][: wanted - len(apart)]
+    return apart

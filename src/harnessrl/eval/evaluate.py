@@ -108,7 +108,7 @@ def evaluate(
     k: int = 1,
     limits: HarnessLimits | None = None,
     temperature: float = 0.0,
-    max_new_tokens: int = 384,
+    max_new_tokens: int | None = None,
     seed: int = 0,
     max_concurrent: int = 16,
     env_workers: int = 4,
@@ -124,7 +124,7 @@ def evaluate(
 
     Harnesses are names or ``EvalTarget``s (from ``resolve_eval_set``), which carry the group
     each is reported under. Run r of a task uses seed ``seed + r``, so repeated evaluations
-    are reproducible. ``ext:<name>`` targets are external agent programs run against the
+    are reproducible; ``max_new_tokens`` left at None is the limits' per-turn limit. ``ext:<name>`` targets are external agent programs run against the
     policy (``harnessrl.external``), with ``external`` as their run config (default: this
     sandbox ``backend``, the evaluation's turn and output limits, and ``agent_time_limit_s``
     seconds per run, else ``ExternalConfig.time_limit_s``); ``on_external`` hears of each
@@ -138,6 +138,8 @@ def evaluate(
         RolloutJob(task, harness, seed=seed + run, tags={"run": run})
         for harness in harnesses for task in tasks for run in range(k)
     ]
+    if max_new_tokens is None:  # not set: the harnesses' per-turn limit
+        max_new_tokens = (limits or HarnessLimits()).max_new_tokens
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
     engine = RolloutEngine(
         policy, max_concurrent=max_concurrent, env_workers=env_workers, sampling=sampling,

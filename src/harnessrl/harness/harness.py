@@ -17,6 +17,10 @@ from harnessrl.harness.context import Compaction, Summarizer
 from harnessrl.harness.registry import component_class, default_space, out_of_space_class
 from harnessrl.space import HarnessConfig
 
+DEFAULT_MAX_NEW_TOKENS = 384
+"""Tokens the policy may sample per turn unless a run says otherwise: the one default of the
+harnesses' limits, the policies' sampling, evaluation and training (``TrainConfig``)."""
+
 
 @dataclass(frozen=True)
 class HarnessLimits:
@@ -24,7 +28,7 @@ class HarnessLimits:
     its observations may show the clock."""
 
     max_turns: int = 20  # policy calls per episode
-    max_new_tokens: int = 384  # tokens the policy may sample per turn
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS  # tokens the policy may sample per turn
     context_tokens: int = 8192  # the model's context window (SmolLM2: 8192)
     max_consecutive_format_errors: int = 3  # then the episode ends with status format_errors
     command_timeout_s: float = 30.0  # wall-clock limit of one command in the sandbox

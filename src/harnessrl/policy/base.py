@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from harnessrl.harness.chat import ChatTokenizer
+from harnessrl.harness.harness import DEFAULT_MAX_NEW_TOKENS
 
 if TYPE_CHECKING:
     import torch
@@ -26,7 +27,7 @@ class SamplingParams:
 
     temperature: float = 1.0
     top_p: float = 1.0
-    max_new_tokens: int = 512
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
 

@@ -32,11 +32,12 @@ def rank1(router: Router, task: TaskInfo, h0: str, siblings: Sequence[str], seed
 
 @dataclass
 class EngineSettings:
-    """How routed evaluation rolls out: limits, sampling and the engine's concurrency."""
+    """How routed evaluation rolls out: limits, sampling and the engine's concurrency
+    (``max_new_tokens`` None: the limits' own)."""
 
     limits: HarnessLimits
     temperature: float = 0.0
-    max_new_tokens: int = 384
+    max_new_tokens: int | None = None
     max_concurrent: int = 16
     env_workers: int = 4
     backend: str = "auto"
@@ -50,7 +51,8 @@ def run_with(policy: Policy, settings: EngineSettings) -> RunJobs:
 def _run(policy: Policy, jobs: list[RolloutJob], settings: EngineSettings) -> list[Trajectory]:
     engine = RolloutEngine(
         policy, max_concurrent=settings.max_concurrent, env_workers=settings.env_workers,
-        sampling=SamplingParams(temperature=settings.temperature, max_new_tokens=settings.max_new_tokens),
+        sampling=SamplingParams(temperature=settings.temperature,
+                                max_new_tokens=settings.max_new_tokens or settings.limits.max_new_tokens),
         backend=settings.backend,
     )
     return engine.run(jobs)[0] if jobs else []

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harnessrl.external import EXTERNAL_PREFIX
+from harnessrl.harness.harness import DEFAULT_MAX_NEW_TOKENS
 from harnessrl.sandbox import BACKENDS
 
 # The names `policy/hf.py` resolves (importing it here would import torch with the config).
@@ -71,7 +72,7 @@ class TrainConfig(BaseModel):
     temperature: float = Field(1.0, ge=0.0, description="sampling temperature of training rollouts")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling of training rollouts")
     max_turns: int = Field(12, ge=1, description="turns per episode")
-    max_new_tokens: int = Field(384, ge=1, description="tokens the policy may sample per turn")
+    max_new_tokens: int = Field(DEFAULT_MAX_NEW_TOKENS, ge=1, description="tokens the policy may sample per turn")
     context_tokens: int = Field(8192, ge=256, description="model context window")
     max_concurrent: int = Field(16, ge=1, description="episodes in flight in the rollout engine")
     env_workers: int = Field(4, ge=1, description="threads for sandbox steps")

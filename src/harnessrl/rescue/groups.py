@@ -26,19 +26,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harnessrl.rescue.router import Router, TaskInfo
+from harnessrl.rescue.router import Router
+from harnessrl.rollout.groups import GroupInfo, TaskInfo, signal_metrics
 from harnessrl.trajectory import Trajectory
 
 RESCUE_MODES: tuple[str, ...] = ("none", "h0", "siblings", "mixture")
-
-
-@dataclass(frozen=True)
-class GroupInfo:
-    """One GRPO group of a step: its key, the task, and the harness its rollouts ran under."""
-
-    group: int
-    task: TaskInfo
-    harness: str
+# The group bookkeeping lives below rescue (plain GRPO uses it too): rollout/groups.py.
+__all__ = ["RESCUE_MODES", "GroupInfo", "RescueRun", "RescueStats", "TaskInfo", "apply_rescue", "dead_groups",
+           "mixture_harnesses", "plan_rescue", "signal_metrics"]
 
 
 @dataclass(frozen=True)
@@ -167,19 +162,3 @@ def mixture_harnesses(
     rng.shuffle(pool)
     chosen = [pool[i % len(pool)] for i in range(n_siblings)] if pool else []
     return [h0] * (group_size - n_siblings) + chosen
-
-
-def signal_metrics(
-    trajectories: Sequence[Trajectory], groups: Sequence[int], advantages: Sequence[float]
-) -> dict[str, float]:
-    """Returns the valid-group ratio (groups with both a success and a failure) and the
-    effective-token ratio (policy tokens whose advantage is non-zero), the paper's Fig. 3."""
-    outcomes: dict[int, set[bool]] = {}
-    for trajectory, group in zip(trajectories, groups, strict=True):
-        outcomes.setdefault(group, set()).add(bool(trajectory.passed))
-    tokens = [t.n_policy_tokens for t in trajectories]
-    effective = sum(n for n, a in zip(tokens, advantages, strict=True) if a != 0.0)
-    return {
-        "valid_group_ratio": sum(len(o) == 2 for o in outcomes.values()) / len(outcomes) if outcomes else 0.0,
-        "effective_token_ratio": effective / sum(tokens) if sum(tokens) else 0.0,
-    }

@@ -26,25 +26,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from harnessrl.rollout.groups import TaskInfo
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import Trajectory
 
+__all__ = ["ROUTERS", "VOTE_WEIGHTS", "Evidence", "PairedValidation", "Router", "TaskInfo"]
+
 VOTE_WEIGHTS: tuple[float, ...] = (1.0, 0.75, 0.5, 0.25)
 ROUTERS: tuple[str, ...] = ("validation", "profile", "random")  # TrainConfig.router
-
-
-@dataclass(frozen=True)
-class TaskInfo:
-    """What a router may know of a task before it runs: its id, family and instruction."""
-
-    task_id: str
-    family: str = ""
-    instruction: str = ""
-
-    @classmethod
-    def of(cls, task: Task) -> TaskInfo:
-        """Returns what a router may know of ``task`` (never its verifier or gold solution)."""
-        return cls(task.id, family=task.family, instruction=task.instruction)
 
 
 @dataclass

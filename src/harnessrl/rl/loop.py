@@ -30,7 +30,6 @@ from harnessrl.harness.registry import default_space
 from harnessrl.memory import limit_malloc_arenas, peak_rss_mb, rss_mb
 from harnessrl.pairing import PairingSchedule
 from harnessrl.progress import Progress
-from harnessrl.rescue.groups import signal_metrics
 from harnessrl.rl.actor import Actor
 from harnessrl.rl.advantages import no_signal_fraction
 from harnessrl.rl.algorithms import algorithm_of, group_advantages
@@ -48,6 +47,7 @@ from harnessrl.rl.sources import AgentSource, HarnessSource, Rollouts
 from harnessrl.rl.summary import format_summary, run_summary
 from harnessrl.rl.tracking import Tracker
 from harnessrl.rl.weight_version import check_current
+from harnessrl.rollout.groups import signal_metrics
 from harnessrl.sandbox.workspace import remove_stale_workspaces
 from harnessrl.trajectory import save_jsonl
 

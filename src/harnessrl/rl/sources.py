@@ -14,8 +14,6 @@ from typing import Any, Protocol
 from harnessrl.harness.harness import Harness, HarnessLimits
 from harnessrl.pairing import Pair, PairingSchedule
 from harnessrl.policy.base import SamplingParams, WeightSyncedPolicy
-from harnessrl.rescue.groups import GroupInfo
-from harnessrl.rescue.router import TaskInfo
 from harnessrl.rl.blackbox import AgentRollouts
 from harnessrl.rl.config import TrainConfig
 from harnessrl.rl.distributed import DataParallel
@@ -23,6 +21,7 @@ from harnessrl.rl.sampling import StepSampler, combine_stats
 from harnessrl.rl.schedules import rollout_seed
 from harnessrl.rl.weight_version import stamp_weight_version
 from harnessrl.rollout.engine import RolloutEngine, RolloutJob
+from harnessrl.rollout.groups import GroupInfo, TaskInfo
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import Trajectory
 

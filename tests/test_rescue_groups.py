@@ -214,3 +214,22 @@ def test_router_state_round_trips_and_routes_the_same_after_restore():
     again = ProfileRouter(voters)
     again.load_state_dict(profile.state_dict())
     assert again.profiles == profile.profiles
+
+
+def test_a_sibling_spec_is_parsed_once_the_same_way_everywhere():
+    from harnessrl.cli.eval import route_members
+    from harnessrl.rescue.sibling_source import SiblingSource
+    from harnessrl.rl.config import load_config
+
+    assert SiblingSource.parse("space") == SiblingSource(1, ())
+    assert SiblingSource.parse("space:2+pool:pools/a+pool:pools/b") == SiblingSource(2, ("pools/a", "pools/b"))
+    h0 = "S0-T0-O0-C0-W0"
+    neighbours = SiblingSource.parse("space").siblings_of(h0)
+    assert len(neighbours) == 10 and h0 not in neighbours  # 5 factors x 2 other levels
+    assert route_members(h0) == (h0, neighbours)  # eval --route lists the same siblings
+    assert set(neighbours) < set(SiblingSource.parse("space:2").siblings_of(h0))
+    for bad in ("spaces", "space:0", "pool:", "space+pool"):
+        with pytest.raises(ValueError, match="is not 'space', 'space:R'"):
+            SiblingSource.parse(bad)
+        with pytest.raises(ValueError, match="is not 'space', 'space:R'"):  # config validation: the same parse
+            load_config(preset="quick", overrides={"siblings": bad})

@@ -17,6 +17,7 @@ from harnessrl.harness.harness import HarnessLimits
 from harnessrl.harness.registry import default_space
 from harnessrl.policy import POLICY_SPECS
 from harnessrl.policy.scripted import SCRIPTED_POLICIES
+from harnessrl.rescue.sibling_source import space_neighbours
 from harnessrl.rollout.episode import SCRIPTED_LIMITS
 from harnessrl.tasks.suite import parse_limit, parse_task_ids
 
@@ -181,16 +182,17 @@ def route_members(route: str, radius: int = 1) -> tuple[str, list[str]]:
     if route.startswith("pool:") or (Path(folder) / "pool.yaml").exists():
         from harnessrl.harness.siblings.patch import BASE_ID
         from harnessrl.rescue.pool import Pool
+        from harnessrl.rescue.sibling_source import pool_siblings
 
         pool = Pool.load(folder)
-        return pool.member_name(BASE_ID), [pool.member_name(i) for i in pool.ids if i != BASE_ID]
+        return pool.member_name(BASE_ID), pool_siblings(pool)
     space = default_space()
     try:
         h0 = space.parse(route).code
     except ValueError as exc:
         raise ValueError(f"--route {route!r}: not a configuration code of the space ({exc}) nor a pool folder "
                          "(pool:DIR, a folder with pool.yaml)") from None
-    return h0, [c.code for c in space.neighbours(space.parse(h0), radius)]
+    return h0, space_neighbours(h0, radius)
 
 
 def run_routed_eval(args: argparse.Namespace, policy: Any, spec: str, limits: HarnessLimits,

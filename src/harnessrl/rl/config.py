@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harnessrl.external import EXTERNAL_PREFIX
 from harnessrl.harness.harness import DEFAULT_MAX_NEW_TOKENS
+from harnessrl.rescue.sibling_source import SiblingSource
 from harnessrl.sandbox import BACKENDS
 
 # The names `policy/hf.py` resolves (importing it here would import torch with the config).
@@ -295,12 +296,7 @@ class TrainConfig(BaseModel):
         if self.rescue == "siblings" and self.router == "profile" and not self.profile_voters:
             raise ValueError("router 'profile' needs profile_voters: MODEL@URL of one or more OpenAI-compatible "
                              "endpoints (e.g. a `harnessrl serve` of a local model); or use router: validation")
-        for part in self.siblings.split("+"):
-            kind, _, value = part.partition(":")
-            if not ((kind == "space" and (not value or (value.isdigit() and int(value) >= 1)))
-                    or (kind == "pool" and value)):
-                raise ValueError(f"siblings: {part!r} is not 'space', 'space:R' (R >= 1) or 'pool:DIR'; "
-                                 f"join several with '+', e.g. 'space+pool:pools/h0'")
+        SiblingSource.parse(self.siblings)  # a ValueError naming the part that is not a source
         return self
 
     @model_validator(mode="before")

@@ -22,8 +22,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from harnessrl.harness.registry import default_space
-from harnessrl.harness.siblings import BASE_ID
 from harnessrl.rescue.groups import (
     GroupInfo,
     RescueStats,
@@ -32,10 +30,10 @@ from harnessrl.rescue.groups import (
     mixture_harnesses,
     plan_rescue,
 )
-from harnessrl.rescue.pool import Pool
 from harnessrl.rescue.rank1 import paired_validation
 from harnessrl.rescue.router import Evidence, Router
 from harnessrl.rescue.routing import make_router
+from harnessrl.rescue.sibling_source import SiblingSource
 from harnessrl.rl.config import TrainConfig
 from harnessrl.rl.schedules import select_tasks
 from harnessrl.rollout.engine import RolloutJob
@@ -63,14 +61,8 @@ class Rescue:
         self.group_harnesses = list(dict.fromkeys(group_harnesses))
         self.validation_tasks = list(validation_tasks)
         self.harness_of, self.seed_of, self.log = harness_of, seed_of, log
-        self.radius = 0  # the space's neighbours up to this distance (0: none)
-        self.pools: list[Pool] = []
-        for part in cfg.siblings.split("+"):
-            kind, _, value = part.partition(":")
-            if kind == "space":
-                self.radius = int(value) if value else 1
-            else:
-                self.pools.append(Pool.load(value))
+        self.source = SiblingSource.parse(cfg.siblings)
+        self.pools = self.source.load_pools()
         self._siblings: dict[str, list[str]] = {}
         self.router: Router = make_router(
             cfg.router, seed=cfg.seed, track=self.group_harnesses, per_family=cfg.router_per_family,
@@ -83,14 +75,7 @@ class Rescue:
         """Returns the sibling names of a group harness: its neighbours in the space, and the
         members (``DIR#ID``) of every configured pool built on it."""
         if h0 not in self._siblings:
-            names: list[str] = []
-            if self.radius:
-                space = default_space()
-                names += [c.code for c in space.neighbours(space.parse(h0), self.radius)]
-            for pool in self.pools:
-                if pool.base == h0:
-                    names += [pool.member_name(i) for i in pool.ids if i != BASE_ID]
-            self._siblings[h0] = names
+            self._siblings[h0] = self.source.siblings_of(h0, self.pools)
         return self._siblings[h0]
 
     def mixture(self, h0: str, seed: int) -> list[str]:

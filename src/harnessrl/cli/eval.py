@@ -200,9 +200,10 @@ def run_routed_eval(args: argparse.Namespace, policy: Any, spec: str, limits: Ha
     """`eval --route H0`: Rank-1 routing against H0 on the same test tasks and seeds."""
     from harnessrl.eval.routing import routed_evaluation
     from harnessrl.harness.harness import Harness
-    from harnessrl.rescue.rank1 import EngineSettings, paired_validation, run_with
+    from harnessrl.rescue.rank1 import paired_validation, run_with
     from harnessrl.rescue.router import Evidence
     from harnessrl.rescue.routing import make_router
+    from harnessrl.rescue.runs import RunSettings
     from harnessrl.tasks.suite import select_tasks
     from harnessrl.trajectory import save_jsonl
 
@@ -217,7 +218,7 @@ def run_routed_eval(args: argparse.Namespace, policy: Any, spec: str, limits: Ha
     tasks = suite_named(suite, lambda: select_tasks(suite, args.split, args.limit, args.seed, tiers, families,
                                                     task_ids=args.task_ids))
     temperature = args.temperature if args.temperature is not None else (0.0 if args.k == 1 else 0.7)
-    settings = EngineSettings(limits, temperature, limits.max_new_tokens, args.concurrent, args.workers, args.backend)
+    settings = RunSettings(limits, temperature, backend=args.backend, max_concurrent=args.concurrent, env_workers=args.workers)
     anchored = 0
     if router.anchored:
         validation = select_tasks(suite, "train", args.route_validation, args.seed + 1, tiers, families)

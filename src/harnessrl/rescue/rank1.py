@@ -10,12 +10,12 @@ compares Rank-1 against H0 at inference; ``rl/rescue.py`` re-anchors during trai
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-from harnessrl.harness.harness import Harness, HarnessLimits
-from harnessrl.policy.base import Policy, SamplingParams
+from harnessrl.harness.harness import Harness
+from harnessrl.policy.base import Policy
 from harnessrl.rescue.router import PairedValidation, Router, TaskInfo
-from harnessrl.rollout.engine import RolloutEngine, RolloutJob
+from harnessrl.rescue.runs import RunSettings
+from harnessrl.rollout.engine import RolloutJob
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import Trajectory
 
@@ -30,32 +30,13 @@ def rank1(router: Router, task: TaskInfo, h0: str, siblings: Sequence[str], seed
     return best if router.beats_h0(task, h0, best) else h0
 
 
-@dataclass
-class EngineSettings:
-    """How routed evaluation rolls out: limits, sampling and the engine's concurrency
-    (``max_new_tokens`` None: the limits' own)."""
-
-    limits: HarnessLimits
-    temperature: float = 0.0
-    max_new_tokens: int | None = None
-    max_concurrent: int = 16
-    env_workers: int = 4
-    backend: str = "auto"
-
-
-def run_with(policy: Policy, settings: EngineSettings) -> RunJobs:
+def run_with(policy: Policy, settings: RunSettings) -> RunJobs:
     """Returns a job runner over ``policy`` with these settings."""
     return lambda jobs: _run(policy, jobs, settings)
 
 
-def _run(policy: Policy, jobs: list[RolloutJob], settings: EngineSettings) -> list[Trajectory]:
-    engine = RolloutEngine(
-        policy, max_concurrent=settings.max_concurrent, env_workers=settings.env_workers,
-        sampling=SamplingParams(temperature=settings.temperature,
-                                max_new_tokens=settings.max_new_tokens or settings.limits.max_new_tokens),
-        backend=settings.backend,
-    )
-    return engine.run(jobs)[0] if jobs else []
+def _run(policy: Policy, jobs: list[RolloutJob], settings: RunSettings) -> list[Trajectory]:
+    return settings.engine(policy).run(jobs)[0] if jobs else []
 
 
 RunJobs = Callable[[list[RolloutJob]], list[Trajectory]]

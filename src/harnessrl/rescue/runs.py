@@ -13,25 +13,33 @@ from dataclasses import dataclass, field
 
 from harnessrl.harness.harness import Harness, HarnessLimits
 from harnessrl.policy.base import Policy, SamplingParams
-from harnessrl.rollout.engine import RolloutEngine, RolloutJob
+from harnessrl.rollout.engine import EngineOptions, RolloutEngine, RolloutJob
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import Trajectory
 
 
 @dataclass(frozen=True)
 class RunSettings:
-    """How the pool's rollouts run: limits, sampling, sandbox backend and concurrency."""
+    """How Harness-S's own rollouts run (the pool's measurements, paired validation, routed
+    evaluation): limits, sampling (``max_new_tokens`` None: the limits' own), sandbox backend,
+    and the engine's concurrency (defaults: `EngineOptions`'s)."""
 
     limits: HarnessLimits = field(default_factory=HarnessLimits)
     temperature: float = 0.0
     seed: int = 0
     backend: str = "auto"
-    max_concurrent: int = 8
-    env_workers: int = 4
+    max_concurrent: int = EngineOptions.max_concurrent
+    env_workers: int = EngineOptions.env_workers
     progress: bool = False  # the episodes' progress on stderr (harnessrl.progress)
+    max_new_tokens: int | None = None
 
     def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, max_new_tokens=self.limits.max_new_tokens)
+        return SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new_tokens or self.limits.max_new_tokens)
+
+    def engine(self, policy: Policy) -> RolloutEngine:
+        """Returns a rollout engine over ``policy`` with these settings."""
+        return RolloutEngine(policy, max_concurrent=self.max_concurrent, env_workers=self.env_workers,
+                             sampling=self.sampling(), backend=self.backend, progress=self.progress)
 
 
 def run_grid(
@@ -45,9 +53,7 @@ def run_grid(
     ]
     if not jobs:
         return {}
-    engine = RolloutEngine(policy, max_concurrent=settings.max_concurrent, env_workers=settings.env_workers,
-                           sampling=settings.sampling(), backend=settings.backend, progress=settings.progress)
-    trajectories, _ = engine.run(jobs)
+    trajectories, _ = settings.engine(policy).run(jobs)
     out: dict[str, list[Trajectory]] = defaultdict(list)
     for job, trajectory in zip(jobs, trajectories, strict=True):
         out[str(job.tags["key"])].append(trajectory)

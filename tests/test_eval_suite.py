@@ -23,6 +23,7 @@ from harnessrl.harness.harness import Harness, HarnessLimits
 from harnessrl.harness.registry import default_space
 from harnessrl.policy.scripted import OraclePolicy
 from harnessrl.rollout.episode import run_episode
+from harnessrl.rollout.settings import RolloutSettings
 from harnessrl.tasks.suite import load_suite
 from harnessrl.trajectory import Trajectory, Turn
 
@@ -304,7 +305,7 @@ def test_evaluate_hands_ext_targets_to_the_external_agents_runner(monkeypatch):
     monkeypatch.setattr(sets, "external", package)  # the agents evaluation sets know
     targets = resolve_eval_set("ext:mini,S0-T0-O0-C0-W0", DESIGN)
     tasks = list(load_suite("workspace").tasks("test", limit=1, seed=0))
-    result = evaluate(OraclePolicy(), targets, tasks, k=2, limits=ORACLE_LIMITS, backend="auto", design=DESIGN)
+    result = evaluate(OraclePolicy(), targets, tasks, k=2, settings=RolloutSettings(ORACLE_LIMITS), design=DESIGN)
     assert calls == [(["ext:mini"], 1, 2, "auto", 0.0)]  # the evaluation's temperature reaches the agents
     assert result.per_config["ext:mini"]["group"] == "external" and result.per_group["external"]["pass_at_k"] == 1.0
     assert result.per_group["train"]["episodes"] == 2  # the in-space target still ran through our engine

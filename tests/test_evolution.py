@@ -19,12 +19,13 @@ from harnessrl.rescue.diagnose import OfflineDiagnoser
 from harnessrl.rescue.editors import RuleEditor, cluster_causes
 from harnessrl.rescue.evolve import EvolutionConfig, evolve
 from harnessrl.rescue.pool import Pool
-from harnessrl.rescue.runs import RunSettings, pass_rate, pass_table, run_grid
+from harnessrl.rescue.runs import pass_rate, pass_table, run_grid
 from harnessrl.rescue.select import coverage, exact_cover, greedy_cover, select_parents
+from harnessrl.rollout.settings import RolloutSettings
 from harnessrl.tasks.suite import load_suite
 
 BASE = "S0-T1-O1-C0-W0"
-SETTINGS = RunSettings(limits=HarnessLimits(max_turns=10, max_new_tokens=16_384, context_tokens=262_144),
+SETTINGS = RolloutSettings(limits=HarnessLimits(max_turns=10, max_new_tokens=16_384, context_tokens=262_144),
                        backend="bwrap", env_workers=2)
 TRAIN = list(load_suite("workspace").tasks("train", limit=12, seed=0))
 FAULT_CAUSE = {"syntax": "unparseable_output", "never_submit": "never_submitted", "ignore_error": "error_ignored"}

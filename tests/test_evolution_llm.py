@@ -12,12 +12,13 @@ from harnessrl.policy.faulty import FaultyPolicy
 from harnessrl.rescue.diagnose import Diagnosis, Failure
 from harnessrl.rescue.llm import ChatClient, LLMDiagnoser, LLMEditor
 from harnessrl.rescue.pool import Pool
-from harnessrl.rescue.runs import RunSettings, run_grid
+from harnessrl.rescue.runs import run_grid
+from harnessrl.rollout.settings import RolloutSettings
 from harnessrl.tasks.suite import load_suite
 from serve_helpers import Scripted, running
 
 BASE = "S0-T1-O1-C0-W0"
-SETTINGS = RunSettings(limits=HarnessLimits(max_turns=10, max_new_tokens=16_384, context_tokens=262_144),
+SETTINGS = RolloutSettings(limits=HarnessLimits(max_turns=10, max_new_tokens=16_384, context_tokens=262_144),
                        backend="bwrap", env_workers=2)
 KNOWN_PATCH = {
     "rationale": "surface failures and remind to submit",

@@ -299,10 +299,11 @@ def test_eval_scores_ext_configurations_next_to_in_space_harnesses(
     from harnessrl.eval.evaluate import evaluate
     from harnessrl.harness.harness import HarnessLimits
     from harnessrl.policy.scripted import OraclePolicy
+    from harnessrl.rollout.settings import RolloutSettings
 
     tasks = workspace_tasks[1:2]
     limits = HarnessLimits(max_new_tokens=16_384, context_tokens=262_144)
-    result = evaluate(OraclePolicy(), ["S0-T0-O0-C0-W0", "ext:mini-swe-agent"], tasks, limits=limits)
+    result = evaluate(OraclePolicy(), ["S0-T0-O0-C0-W0", "ext:mini-swe-agent"], tasks, settings=RolloutSettings(limits))
     assert set(result.per_config) == {"S0-T0-O0-C0-W0", "ext:mini-swe-agent"}
     assert result.per_config["ext:mini-swe-agent"]["pass_at_1"] == 1.0
     assert result.overall["pass_at_1"] == 1.0 and result.overall["episodes"] == 2

@@ -87,6 +87,7 @@ def test_a_model_on_cpu_gets_a_cpu_sized_output_limit(tiny_model):
 def test_eval_limits_reach_ext_targets(mini_swe_agent, task, tiny_model):
     from harnessrl.eval.evaluate import evaluate
     from harnessrl.harness.harness import HarnessLimits
+    from harnessrl.rollout.settings import RolloutSettings
 
     seen = []
 
@@ -96,8 +97,8 @@ def test_eval_limits_reach_ext_targets(mini_swe_agent, task, tiny_model):
             return super().generate_stream(requests, on_tokens)
 
     policy = Seen(tiny_model, device="cpu")
-    result = evaluate(policy, ["ext:mini-swe-agent"], [task], limits=HarnessLimits(max_turns=2), max_new_tokens=8,
-                      temperature=0.7)
+    settings = RolloutSettings(limits=HarnessLimits(max_turns=2), max_new_tokens=8, temperature=0.7)
+    result = evaluate(policy, ["ext:mini-swe-agent"], [task], settings=settings)
     [trajectory] = result.trajectories
     assert trajectory.config == "ext:mini-swe-agent" and trajectory.turns
     assert all(0 < len(turn.completion_ids) <= 8 for turn in trajectory.turns)  # --max-new-tokens

@@ -23,11 +23,11 @@ from harnessrl.harness.siblings import (
 )
 from harnessrl.rescue.check import check_siblings
 from harnessrl.rescue.pool import INDEX_FILE, Pool, ValidationRecord, from_space
-from harnessrl.rescue.runs import RunSettings
+from harnessrl.rollout.settings import RolloutSettings
 from harnessrl.tasks.suite import load_suite
 
 BASE = "S0-T1-O1-C0-W0"
-SETTINGS = RunSettings(backend="bwrap", max_concurrent=8, env_workers=2)
+SETTINGS = RolloutSettings(backend="bwrap", max_concurrent=8, env_workers=2)
 
 
 def sample(n, seed=0, split="train"):

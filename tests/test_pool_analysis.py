@@ -9,7 +9,7 @@ from harnessrl.harness import HarnessLimits
 from harnessrl.policy.faulty import FaultyPolicy, fault_of
 from harnessrl.rescue.analysis import coverage_analysis, jaccard
 from harnessrl.rescue.pool import from_space
-from harnessrl.rescue.runs import RunSettings
+from harnessrl.rollout.settings import RolloutSettings
 from harnessrl.tasks.suite import load_suite
 
 BASE = "S0-T1-O1-C0-W0"
@@ -75,7 +75,7 @@ def test_analysis_runs_h0_as_often_as_there_are_members(tmp_path):
     pool = from_space(tmp_path / "p", BASE, radius=1)
     small = Pool(pool.folder, pool.base, pool.members[:3], frozen=True)
     tasks = list(load_suite("workspace").tasks("train", limit=3, seed=1))
-    settings = RunSettings(limits=HarnessLimits(max_turns=8, max_new_tokens=16_384, context_tokens=262_144),
+    settings = RolloutSettings(limits=HarnessLimits(max_turns=8, max_new_tokens=16_384, context_tokens=262_144),
                            backend="bwrap", env_workers=2)
     analysis = analyze_pool(small, FaultyPolicy(), tasks, settings)
     assert analysis["rollouts_per_task"] == 3 and analysis["tasks"] == 3 and len(analysis["siblings"]) == 2

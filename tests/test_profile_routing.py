@@ -10,8 +10,8 @@ from harnessrl.policy.scripted import OraclePolicy
 from harnessrl.rescue.profiles import ProfileWriter, client_from_spec, llm_voter, require_reachable
 from harnessrl.rescue.rank1 import paired_validation, run_with
 from harnessrl.rescue.router import ProfileRouter, TaskInfo
-from harnessrl.rescue.runs import RunSettings
 from harnessrl.rl.config import TrainConfig
+from harnessrl.rollout.settings import RolloutSettings
 from harnessrl.tasks.suite import load_suite
 from serve_helpers import Scripted, running
 
@@ -35,7 +35,7 @@ def answer(context):
 def test_profiles_are_written_from_paired_runs_and_votes_pick_the_top_k_over_http():
     tasks = list(load_suite("workspace").tasks("train", limit=2, seed=0))
     runs = {}
-    settings = RunSettings(LIMITS, backend="auto")
+    settings = RolloutSettings(LIMITS, backend="auto")
     record = paired_validation(run_with(OraclePolicy(), settings), lambda n: Harness.named(n, LIMITS),
                                [H0, *SIBLINGS], tasks, lambda i: i, keep=runs)
     assert set(runs) == {H0, *SIBLINGS} and all(set(r) == {t.id for t in tasks} for r in runs.values())

@@ -14,11 +14,13 @@ from harnessrl.design import DESIGN_KINDS, make_design
 from harnessrl.eval.sets import EVAL_SETS, EXTERNAL_PREFIX, resolve_eval_set
 from harnessrl.external.run import ExternalConfig
 from harnessrl.harness.harness import HarnessLimits
+from harnessrl.harness.limits import resolve_limits
 from harnessrl.harness.registry import default_space
 from harnessrl.policy import POLICY_SPECS
 from harnessrl.policy.scripted import SCRIPTED_POLICIES
 from harnessrl.rescue.sibling_source import space_neighbours
-from harnessrl.rollout.episode import SCRIPTED_LIMITS
+from harnessrl.rollout.engine import EngineOptions
+from harnessrl.rollout.settings import RolloutSettings
 from harnessrl.tasks.suite import parse_limit, parse_task_ids
 
 
@@ -57,8 +59,8 @@ def register(subparsers: Any) -> None:
                    help="ext:<name> targets: wall-clock seconds per agent run (as `external run --time-limit`);"
                    " it is killed at the limit and scored as it is")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out draw, task order and run r (seed + r)")
-    p.add_argument("--concurrent", type=int, default=16, help="episodes in flight")
-    p.add_argument("--workers", type=int, default=4, help="threads for sandbox steps")
+    p.add_argument("--concurrent", type=int, default=EngineOptions.max_concurrent, help="episodes in flight")
+    p.add_argument("--workers", type=int, default=EngineOptions.env_workers, help="threads for sandbox steps")
     p.add_argument("--backend", default="auto", help="sandbox backend: auto, bwrap, unshare, none")
     p.add_argument("--device", default="auto", help="torch device of --checkpoint and embedded / hf: policies")
     p.add_argument("--out", default=None, help="output folder (default: evals/<name>-<time>)")
@@ -100,18 +102,6 @@ def load_policy(args: argparse.Namespace, default: str) -> tuple[Any, str, dict[
     return policy_from_spec(spec, args.seed, **({"device": args.device} if local_model else {})), spec, {}
 
 
-def run_limits(args: argparse.Namespace, run_config: dict[str, Any], scripted: bool) -> HarnessLimits:
-    """Returns the episode limits: the options, else the run's, else the defaults (scripted
-    policies tokenize bytewise and get room for long gold commands)."""
-    return HarnessLimits(
-        max_turns=args.max_turns or run_config.get("max_turns") or HarnessLimits.max_turns,
-        max_new_tokens=args.max_new_tokens or run_config.get("max_new_tokens")
-        or (SCRIPTED_LIMITS if scripted else HarnessLimits).max_new_tokens,
-        context_tokens=args.context_tokens or run_config.get("context_tokens")
-        or (SCRIPTED_LIMITS if scripted else HarnessLimits).context_tokens,
-    )
-
-
 def run_eval(args: argparse.Namespace) -> int:
     from harnessrl.eval.evaluate import evaluate
     from harnessrl.eval.report import write_eval_report
@@ -121,7 +111,8 @@ def run_eval(args: argparse.Namespace) -> int:
     policy, spec, run_config = load_policy(args, default="embedded")
     run_config = {**run_config, **{name: value for name, value in (("tiers", args.tiers), ("families", args.families))
                                    if value is not None}}
-    limits = run_limits(args, run_config, scripted=spec in SCRIPTED_POLICIES)
+    # The options, else the run's, else the defaults (scripted policies get room for gold commands).
+    limits = resolve_limits(vars(args), run_config, bytewise=spec in SCRIPTED_POLICIES)
     if args.route:
         return run_routed_eval(args, policy, spec, limits, run_config)
     design = make_design(
@@ -144,10 +135,9 @@ def run_eval(args: argparse.Namespace) -> int:
         print(f"[{time.strftime('%H:%M:%S')}] {len(finished)}/{external_runs} {run_line(t)}", file=sys.stderr, flush=True)
 
     result = evaluate(
-        policy, targets, tasks, k=args.k, limits=limits, temperature=temperature,
-        max_new_tokens=limits.max_new_tokens, seed=args.seed, max_concurrent=args.concurrent,
-        env_workers=args.workers, backend=args.backend, progress=not args.json,
-        design=design, agent_time_limit_s=args.agent_time_limit, on_external=report_external,
+        policy, targets, tasks, k=args.k, design=design,
+        settings=RolloutSettings(limits=limits, temperature=temperature, seed=args.seed, backend=args.backend,
+                                 max_concurrent=args.concurrent, env_workers=args.workers, progress=not args.json), agent_time_limit_s=args.agent_time_limit, on_external=report_external,
     )
     name = Path(args.checkpoint).name if args.checkpoint else spec.replace(":", "-").replace("/", "-")[:40]
     out = Path(args.out or f"evals/{name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -203,7 +193,6 @@ def run_routed_eval(args: argparse.Namespace, policy: Any, spec: str, limits: Ha
     from harnessrl.rescue.rank1 import paired_validation, run_with
     from harnessrl.rescue.router import Evidence
     from harnessrl.rescue.routing import make_router
-    from harnessrl.rescue.runs import RunSettings
     from harnessrl.tasks.suite import select_tasks
     from harnessrl.trajectory import save_jsonl
 
@@ -218,7 +207,7 @@ def run_routed_eval(args: argparse.Namespace, policy: Any, spec: str, limits: Ha
     tasks = suite_named(suite, lambda: select_tasks(suite, args.split, args.limit, args.seed, tiers, families,
                                                     task_ids=args.task_ids))
     temperature = args.temperature if args.temperature is not None else (0.0 if args.k == 1 else 0.7)
-    settings = RunSettings(limits, temperature, backend=args.backend, max_concurrent=args.concurrent, env_workers=args.workers)
+    settings = RolloutSettings(limits, temperature, backend=args.backend, max_concurrent=args.concurrent, env_workers=args.workers)
     anchored = 0
     if router.anchored:
         validation = select_tasks(suite, "train", args.route_validation, args.seed + 1, tiers, families)

@@ -11,6 +11,7 @@ from typing import Any
 from harnessrl.cli.common import command, suite_named
 from harnessrl.design import DESIGN_KINDS
 from harnessrl.policy import POLICY_SPECS
+from harnessrl.rollout.engine import EngineOptions
 
 DEFAULT_BASE = "S0-T1-O1-C0-W0"
 
@@ -21,8 +22,8 @@ def _run_options(p: argparse.ArgumentParser, limit: int, split: str = "train") -
     p.add_argument("--limit", type=int, default=limit, help="tasks")
     p.add_argument("--seed", type=int, default=0, help="seed of the task sample and of run r (seed + r)")
     p.add_argument("--backend", default="auto", help="sandbox backend: auto, bwrap, unshare, none")
-    p.add_argument("--concurrent", type=int, default=8, help="episodes in flight")
-    p.add_argument("--workers", type=int, default=4, help="threads for sandbox steps")
+    p.add_argument("--concurrent", type=int, default=EngineOptions.max_concurrent, help="episodes in flight")
+    p.add_argument("--workers", type=int, default=EngineOptions.env_workers, help="threads for sandbox steps")
 
 
 def _policy_options(p: argparse.ArgumentParser) -> None:
@@ -103,15 +104,16 @@ def _tasks(args: argparse.Namespace) -> list:
 
 
 def _policy_and_settings(args: argparse.Namespace, default_temperature: float) -> tuple[Any, Any]:
-    from harnessrl.cli.eval import load_policy, run_limits
+    from harnessrl.cli.eval import load_policy
+    from harnessrl.harness.limits import resolve_limits
     from harnessrl.policy.scripted import SCRIPTED_POLICIES
-    from harnessrl.rescue.runs import RunSettings
+    from harnessrl.rollout.settings import RolloutSettings
 
     policy, spec, run_config = load_policy(args, default="oracle")
-    limits = run_limits(args, run_config, scripted=spec in SCRIPTED_POLICIES)
+    limits = resolve_limits(vars(args), run_config, bytewise=spec in SCRIPTED_POLICIES)
     temperature = default_temperature if args.temperature is None else args.temperature
-    settings = RunSettings(limits=limits, temperature=temperature, seed=args.seed, backend=args.backend,
-                           max_concurrent=args.concurrent, env_workers=args.workers, progress=not getattr(args, "json", False))
+    settings = RolloutSettings(limits=limits, temperature=temperature, seed=args.seed, backend=args.backend,
+                               max_concurrent=args.concurrent, env_workers=args.workers, progress=not getattr(args, "json", False))
     return policy, settings
 
 
@@ -135,11 +137,11 @@ def run_show(args: argparse.Namespace) -> int:
 def run_check(args: argparse.Namespace) -> int:
     from harnessrl.rescue.check import check_siblings
     from harnessrl.rescue.pool import Pool
-    from harnessrl.rescue.runs import RunSettings
+    from harnessrl.rollout.settings import RolloutSettings
 
     pool = Pool.load(args.dir)  # schema: every file parses and matches its hash
-    settings = RunSettings(seed=args.seed, backend=args.backend, max_concurrent=args.concurrent, env_workers=args.workers,
-                           progress=not getattr(args, "json", False))
+    settings = RolloutSettings(seed=args.seed, backend=args.backend, max_concurrent=args.concurrent,
+                               env_workers=args.workers, progress=not getattr(args, "json", False))
     results = check_siblings(pool.members, _tasks(args), settings)
     offenders = [r for r in results if not r.ok]
     for r in results:

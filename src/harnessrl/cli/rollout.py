@@ -12,10 +12,10 @@ from typing import Any
 from harnessrl.cli.common import command, harness_set, policy_from_spec, suite_named
 from harnessrl.eval.sets import HARNESS_SETS, resolve_harness_set
 from harnessrl.harness.harness import Harness, HarnessLimits
+from harnessrl.harness.limits import resolve_limits
 from harnessrl.policy import POLICY_SPECS, SamplingParams
 from harnessrl.policy.scripted import SCRIPTED_POLICIES
-from harnessrl.rollout.engine import RolloutEngine, RolloutJob
-from harnessrl.rollout.episode import SCRIPTED_LIMITS
+from harnessrl.rollout.engine import EngineOptions, RolloutEngine, RolloutJob
 from harnessrl.tasks.suite import load_suite, parse_limit, parse_task_ids, split_size, tasks_by_id
 from harnessrl.trajectory import Trajectory, save_jsonl
 
@@ -43,8 +43,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-turns", type=int, default=HarnessLimits.max_turns, help="turn limit per episode")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per turn")
     p.add_argument("--context-tokens", type=int, default=None, help="context window")
-    p.add_argument("--concurrent", type=int, default=8, help="episodes in flight at once")
-    p.add_argument("--workers", type=int, default=4, help="threads for sandbox steps")
+    p.add_argument("--concurrent", type=int, default=EngineOptions.max_concurrent, help="episodes in flight at once")
+    p.add_argument("--workers", type=int, default=EngineOptions.env_workers, help="threads for sandbox steps")
     p.add_argument("--backend", default="auto", help="sandbox backend: auto, bwrap, unshare, none")
     p.add_argument("--out", default=None, help="write trajectories to this JSONL file")
     p.add_argument("--show", action="store_true", help="print a readable transcript of every episode")
@@ -110,11 +110,7 @@ def selection_line(selection: dict[str, Any]) -> str:
 def run_rollout(args: argparse.Namespace) -> int:
     # Scripted policies tokenize bytewise: long gold commands need room.
     scripted = args.policy in SCRIPTED_POLICIES
-    limits = HarnessLimits(
-        max_turns=args.max_turns,
-        max_new_tokens=args.max_new_tokens or (SCRIPTED_LIMITS if scripted else HarnessLimits).max_new_tokens,
-        context_tokens=args.context_tokens or (SCRIPTED_LIMITS if scripted else HarnessLimits).context_tokens,
-    )
+    limits = resolve_limits(vars(args), bytewise=scripted)
     harnesses = harness_set(args.configs, lambda: [Harness.named(name, limits)
                                                    for name in resolve_harness_set(args.configs, args.seed)])
     suite = suite_named(args.suite, lambda: load_suite(args.suite))

@@ -14,9 +14,11 @@ from harnessrl.eval.analysis import factor_analysis
 from harnessrl.eval.behaviour import behaviour_metrics
 from harnessrl.eval.metrics import score_runs
 from harnessrl.eval.sets import EXTERNAL_PREFIX, EvalTarget
-from harnessrl.harness.harness import Harness, HarnessLimits
-from harnessrl.policy.base import Policy, SamplingParams
-from harnessrl.rollout.engine import RolloutEngine, RolloutJob, RolloutStats
+from harnessrl.harness.harness import Harness
+from harnessrl.harness.limits import is_bytewise
+from harnessrl.policy.base import Policy
+from harnessrl.rollout.engine import RolloutJob, RolloutStats
+from harnessrl.rollout.settings import RolloutSettings
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import Trajectory
 
@@ -106,61 +108,47 @@ def evaluate(
     harness_names: Sequence[str | EvalTarget],
     tasks: Sequence[Task],
     k: int = 1,
-    limits: HarnessLimits | None = None,
-    temperature: float = 0.0,
-    max_new_tokens: int | None = None,
-    seed: int = 0,
-    max_concurrent: int = 16,
-    env_workers: int = 4,
-    backend: str = "auto",
-    progress: bool = False,
+    settings: RolloutSettings | None = None,
     design: Design | None = None,
     external: Any | None = None,
     agent_time_limit_s: float | None = None,
     on_external: Callable[[Trajectory], None] | None = None,
-    deterministic: bool = False,
 ) -> EvalResult:
     """Runs every task k times under every harness and returns the scores.
 
     Harnesses are names or ``EvalTarget``s (from ``resolve_eval_set``), which carry the group
-    each is reported under. Run r of a task uses seed ``seed + r``, so repeated evaluations
-    are reproducible; ``max_new_tokens`` left at None is the limits' per-turn limit. ``ext:<name>`` targets are external agent programs run against the
-    policy (``harnessrl.external``), with ``external`` as their run config (default: this
-    sandbox ``backend``, the evaluation's turn and output limits, and ``agent_time_limit_s``
-    seconds per run, else ``ExternalConfig.time_limit_s``); ``on_external`` hears of each
-    of their runs as it ends. ``deterministic`` runs the engine in lockstep (batches a function
-    of the jobs, not of timing: ``RolloutEngine``).
+    each is reported under. ``settings`` say how the episodes run (limits, sampling, sandbox,
+    concurrency, lockstep; default ``RolloutSettings()``: greedy under the default limits); run
+    r of a task uses seed ``settings.seed + r``, so repeated evaluations are reproducible.
+    ``ext:<name>`` targets are external agent programs run against the policy
+    (``harnessrl.external``), with ``external`` as their run config (default: the settings'
+    sandbox backend, turn limit, output limit and temperature, and ``agent_time_limit_s``
+    seconds per run, else ``ExternalConfig.time_limit_s``); ``on_external`` hears of each of
+    their runs as it ends.
     """
+    settings = settings or RolloutSettings()
     targets = [t if isinstance(t, EvalTarget) else EvalTarget(t, "") for t in harness_names]
     external_names = [t.name for t in targets if t.name.startswith(EXTERNAL_PREFIX)]
-    harnesses = [Harness.named(t.name, limits) for t in targets if t.name not in external_names]
+    harnesses = [Harness.named(t.name, settings.limits) for t in targets if t.name not in external_names]
     jobs = [
-        RolloutJob(task, harness, seed=seed + run, tags={"run": run})
+        RolloutJob(task, harness, seed=settings.seed + run, tags={"run": run})
         for harness in harnesses for task in tasks for run in range(k)
     ]
-    if max_new_tokens is None:  # not set: the harnesses' per-turn limit
-        max_new_tokens = (limits or HarnessLimits()).max_new_tokens
-    sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
-    engine = RolloutEngine(
-        policy, max_concurrent=max_concurrent, env_workers=env_workers, sampling=sampling,
-        backend=backend, progress=progress, deterministic=deterministic,
-    )
-    trajectories, stats = engine.run(jobs) if jobs else ([], None)
+    trajectories, stats = settings.engine(policy).run(jobs) if jobs else ([], None)
     if external_names:
         # External agent programs run against the served policy (harnessrl.external).
         from harnessrl.external.run import ExternalConfig, evaluate_external_targets
-        from harnessrl.harness.chat import ByteTokenizer
 
         # The evaluation's own limits hold for the agents too: its output limit per request
         # (sized for model tokens: scripted policies, which write whole commands byte by byte,
         # keep the server's default), its turn limit as the agent's step limit, and its
         # temperature for every request the agent makes.
-        bytewise = isinstance(getattr(policy, "tokenizer", None), ByteTokenizer)
-        given = {"max_steps": limits.max_turns if limits is not None else None, "time_limit_s": agent_time_limit_s}
-        config = external or ExternalConfig(backend=backend, max_tokens=None if bytewise else max_new_tokens,
+        given = {"max_steps": settings.limits.max_turns, "time_limit_s": agent_time_limit_s}
+        max_tokens = None if is_bytewise(policy) else settings.sampling().max_new_tokens
+        config = external or ExternalConfig(backend=settings.backend, max_tokens=max_tokens,
                                             **{name: value for name, value in given.items() if value})
         if config.temperature is None:
-            config = replace(config, temperature=temperature)
+            config = replace(config, temperature=settings.temperature)
         trajectories += evaluate_external_targets(external_names, policy, tasks, k=k, config=config,
                                                   on_trajectory=on_external)
     groups = {t.name: t.group or ("external" if t.name in external_names else "") for t in targets}

@@ -17,8 +17,8 @@ from harnessrl.harness.harness import Harness
 from harnessrl.policy.base import Policy
 from harnessrl.rescue.rank1 import rank1, run_with
 from harnessrl.rescue.router import Router, TaskInfo
-from harnessrl.rescue.runs import RunSettings
 from harnessrl.rollout.engine import RolloutJob
+from harnessrl.rollout.settings import RolloutSettings
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import Trajectory
 
@@ -30,7 +30,7 @@ def routed_evaluation(
     siblings: Sequence[str],
     tasks: Sequence[Task],
     k: int,
-    settings: RunSettings,
+    settings: RolloutSettings,
     seed: int = 0,
     on_trajectories: Callable[[list[Trajectory]], None] | None = None,
 ) -> dict[str, Any]:

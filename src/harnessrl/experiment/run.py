@@ -125,10 +125,9 @@ def run_experiment(
             trainer.run()
             tasks = select_tasks(cfg.suite, cfg.eval_split, spec.eval.tasks, spec.eval.seed, cfg.tiers, cfg.families)
             result = evaluate(
-                trainer.policy, targets, tasks, k=spec.eval.k, limits=trainer.limits,
-                temperature=spec.eval.temperature, max_new_tokens=cfg.max_new_tokens, seed=spec.eval.seed,
-                max_concurrent=cfg.max_concurrent, env_workers=cfg.env_workers, backend=cfg.sandbox_backend,
-                design=trainer.design, progress=True, deterministic=cfg.deterministic,
+                trainer.policy, targets, tasks, k=spec.eval.k, design=trainer.design,
+                settings=cfg.rollout_settings(trainer.limits, evaluation=True, temperature=spec.eval.temperature,
+                                              seed=spec.eval.seed),
                 # Agent programs evaluated through get the per-turn token limit of in-space episodes.
                 external=ExternalConfig(max_steps=cfg.agent_max_steps, time_limit_s=cfg.agent_time_limit_s,
                                         max_tokens=cfg.max_new_tokens,

@@ -56,6 +56,7 @@ from harnessrl.external.agents import (
 )
 from harnessrl.external.gold_replay import session_name
 from harnessrl.external.install import require_installed
+from harnessrl.harness.limits import is_bytewise
 from harnessrl.policy.base import Policy
 from harnessrl.policy.forced import ForcedSampling
 from harnessrl.sandbox import (
@@ -124,10 +125,10 @@ class ExternalConfig:
 CPU_MAX_TOKENS, GPU_MAX_TOKENS, BYTEWISE_MAX_TOKENS = 1024, 4096, 1 << 16
 
 
-def default_max_tokens(policy: Policy, bytewise: type) -> int:
+def default_max_tokens(policy: Policy) -> int:
     """Returns the output limit of requests that name none (see ``ExternalConfig.max_tokens``):
-    scripted policies (tokenizer ``bytewise``) write whole commands byte by byte."""
-    if isinstance(getattr(policy, "tokenizer", None), bytewise):
+    scripted policies (``is_bytewise``) write whole commands byte by byte."""
+    if is_bytewise(policy):
         return BYTEWISE_MAX_TOKENS
     device = getattr(policy, "device", None)
     return GPU_MAX_TOKENS if getattr(device, "type", None) == "cuda" else CPU_MAX_TOKENS
@@ -138,7 +139,6 @@ class AgentServer:
     module docstring); a context manager. ``recorder`` holds every session's requests."""
 
     def __init__(self, policy: Policy, model_name: str = "harnessrl", max_tokens: int | None = None) -> None:
-        from harnessrl.harness.chat import ByteTokenizer
         from harnessrl.serve.app import create_app
         from harnessrl.serve.auth import Credentials
         from harnessrl.serve.recorder import ConversationRecorder
@@ -151,7 +151,7 @@ class AgentServer:
         shutil.copyfile(RELAY_SOURCE, self.folder / "relay.py")
         os.chmod(self.folder / "relay.py", 0o644)
         if max_tokens is None:
-            max_tokens = default_max_tokens(policy, ByteTokenizer)
+            max_tokens = default_max_tokens(policy)
         self.max_tokens = max_tokens
         self.app = create_app(policy, model_name=model_name, credentials=self.credentials,
                               recorder=self.recorder, default_max_tokens=max_tokens)

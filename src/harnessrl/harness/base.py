@@ -5,7 +5,8 @@ observation, context management, workflow). Each component is data plus a small 
 ``harness/registry.py`` maps (factor letter, level) to a component so the space is built
 from what is registered. ``EpisodeHooks`` are the two points of the episode no component
 sees (the opening, and a proposed call before it runs); in-space harnesses leave them empty,
-sibling harnesses (``harness/siblings``) fill them.
+sibling harnesses (``harness/siblings``) fill them, and a factor registered beyond the five
+acts through them: its realizations are ``FactorHooks``.
 """
 
 from __future__ import annotations
@@ -287,6 +288,31 @@ class EpisodeHooks:
     def before_call(self, call: ToolCall, state: EpisodeState) -> CallVerdict:
         """Returns whether a parsed call may run, and hints to show after it."""
         return CallVerdict()
+
+
+class FactorHooks(Component, EpisodeHooks):
+    """A realization of a factor beyond the five (``registry.register_factor``): it acts at the
+    episode's hook points, the opening and each proposed call. Subclasses set ``letter``,
+    ``level`` and ``name`` and override ``at_start`` / ``before_call``."""
+
+
+class ChainedHooks(EpisodeHooks):
+    """Several hooks in order: every start message, every hint; the first block stops the call."""
+
+    def __init__(self, hooks: Sequence[EpisodeHooks]) -> None:
+        self.hooks = list(hooks)
+
+    def at_start(self, state: EpisodeState, sandbox: Sandbox) -> list[str]:
+        return [message for hook in self.hooks for message in hook.at_start(state, sandbox)]
+
+    def before_call(self, call: ToolCall, state: EpisodeState) -> CallVerdict:
+        hints: list[str] = []
+        for hook in self.hooks:
+            verdict = hook.before_call(call, state)
+            hints += verdict.hints
+            if verdict.blocked is not None:
+                return CallVerdict(verdict.blocked, tuple(hints))
+        return CallVerdict(None, tuple(hints))
 
 
 def encodable(text: str) -> str:

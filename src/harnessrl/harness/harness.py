@@ -1,11 +1,14 @@
-"""`Harness`: five components composed, plus the limits an episode runs under."""
+"""`Harness`: one component per registered factor composed, with the limits an episode runs under
+(`harness.limits`); the out-of-space presets."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
 
 from harnessrl.harness.base import (
+    ChainedHooks,
+    Component,
     ContextPolicy,
     EpisodeHooks,
     ObservationFormat,
@@ -14,40 +17,19 @@ from harnessrl.harness.base import (
     Workflow,
 )
 from harnessrl.harness.context import Compaction, Summarizer
-from harnessrl.harness.registry import component_class, default_space, out_of_space_class
+from harnessrl.harness.limits import HarnessLimits
+from harnessrl.harness.registry import (
+    CORE_LETTERS,
+    component_class,
+    default_space,
+    factors,
+    out_of_space_class,
+)
 from harnessrl.space import HarnessConfig
 
-DEFAULT_MAX_NEW_TOKENS = 384
-"""Tokens the policy may sample per turn unless a run says otherwise: the one default of the
-harnesses' limits, the policies' sampling, evaluation and training (``TrainConfig``)."""
-
-
-@dataclass(frozen=True)
-class HarnessLimits:
-    """Limits of one episode, each with a default sized for small models on CPU, and whether
-    its observations may show the clock."""
-
-    max_turns: int = 20  # policy calls per episode
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS  # tokens the policy may sample per turn
-    context_tokens: int = 8192  # the model's context window (SmolLM2: 8192)
-    max_consecutive_format_errors: int = 3  # then the episode ends with status format_errors
-    command_timeout_s: float = 30.0  # wall-clock limit of one command in the sandbox
-    # Observations show a fixed stand-in for a command's wall time (O2's wall_time_s, the Codex
-    # header's): 0, or command_timeout_s for a command that timed out. Deterministic runs set it,
-    # so that a prompt is a function of the episode alone, not of the machine's load.
-    fixed_wall_time: bool = False
-
-    def __post_init__(self) -> None:
-        if self.max_turns < 1 or self.max_new_tokens < 1:
-            raise ValueError("max_turns and max_new_tokens must be >= 1")
-        if self.context_tokens <= self.max_new_tokens:
-            raise ValueError(
-                f"context_tokens ({self.context_tokens}) must exceed max_new_tokens ({self.max_new_tokens})"
-            )
-
-
 # Out-of-space harnesses: complete harnesses whose tool syntax (and, for codex-like, the
-# observation format) is used by none of the 243 configurations.
+# observation format) is used by none of the 243 configurations. A factor a preset does not
+# name (one registered beyond the five) takes its level 0.
 OUT_OF_SPACE_PRESETS: dict[str, dict[str, tuple[str, int | str]]] = {
     "codex-like": {"S": ("in", 1), "T": ("out", "codex_exec"), "O": ("out", "codex_header"),
                    "C": ("in", 2), "W": ("in", 0)},
@@ -59,36 +41,66 @@ OUT_OF_SPACE_PRESETS: dict[str, dict[str, tuple[str, int | str]]] = {
 SIBLING_SEPARATOR = "#"  # ``DIR#ID``: the sibling ID of the pool in folder DIR
 
 
+P = TypeVar("P", bound=Component)
+
+
+class _Part(Generic[P]):
+    """A harness attribute that is the component of one of the papers' five factors."""
+
+    def __init__(self, letter: str) -> None:
+        self.letter = letter
+
+    def __get__(self, harness: Harness | None, owner: type) -> Any:
+        return self if harness is None else harness.components[self.letter]
+
+    def __set__(self, harness: Harness, component: P) -> None:
+        harness.components[self.letter] = component
+
+
 class Harness:
-    """A concrete harness: system prompt, tool interface, observation format, context policy
-    and workflow. ``code`` is the configuration code (or the out-of-space harness name, or
-    the name a sibling was built under). ``hooks`` act at the opening and on proposed calls;
-    ``sibling`` names the sibling harness this is (``{"id", "hash", "base"}``), None for the
-    harnesses of the space and the out-of-space ones."""
+    """A concrete harness: one component per registered factor (``components``, letter ->
+    component, in the registry's order); the papers' five are also its attributes ``system``,
+    ``tools``, ``observation``, ``context`` and ``workflow``, which the episode loop calls.
+    ``code`` is the configuration code (or the out-of-space harness name, or the name a
+    sibling was built under). ``hooks`` act at the opening and on proposed calls (sibling
+    harnesses set them); a factor beyond the five acts there too, after them
+    (``episode_hooks``). ``sibling`` names the sibling harness this is (``{"id", "hash",
+    "base"}``), None for the harnesses of the space and the out-of-space ones."""
+
+    system: _Part[SystemPrompt] = _Part("S")
+    tools: _Part[ToolInterface] = _Part("T")
+    observation: _Part[ObservationFormat] = _Part("O")
+    context: _Part[ContextPolicy] = _Part("C")
+    workflow: _Part[Workflow] = _Part("W")
 
     def __init__(
         self,
-        system: SystemPrompt,
-        tools: ToolInterface,
-        observation: ObservationFormat,
-        context: ContextPolicy,
-        workflow: Workflow,
+        components: Mapping[str, Component],
         code: str,
         limits: HarnessLimits | None = None,
         out_of_space: bool = False,
         hooks: EpisodeHooks | None = None,
         sibling: dict[str, str] | None = None,
     ) -> None:
-        self.system = system
-        self.tools = tools
-        self.observation = observation
-        self.context = context
-        self.workflow = workflow
+        letters = [f.letter for f in factors()]
+        missing = [letter for letter in letters if letter not in components]
+        unknown = sorted(set(components) - set(letters))
+        if missing or unknown:
+            raise ValueError(f"harness {code!r}: needs one component per registered factor ({', '.join(letters)}); "
+                             f"missing {missing or 'none'}, unknown {unknown or 'none'}")
+        self.components: dict[str, Component] = {letter: components[letter] for letter in letters}
         self.code = code
         self.limits = limits or HarnessLimits()
         self.out_of_space = out_of_space
         self.hooks = hooks or EpisodeHooks()
         self.sibling = sibling
+
+    @property
+    def episode_hooks(self) -> EpisodeHooks:
+        """What the episode calls at its hook points: ``hooks``, then the components of the
+        factors beyond the five (``FactorHooks``), in factor order."""
+        extra = [c for letter, c in self.components.items() if letter not in CORE_LETTERS]
+        return ChainedHooks([self.hooks, *extra]) if extra else self.hooks  # type: ignore[list-item]
 
     def __repr__(self) -> str:
         return f"Harness({self.code!r})"
@@ -108,10 +120,7 @@ class Harness:
         if isinstance(config, str):
             config = space.parse(config)
         parts = {letter: component_class(letter, level)() for letter, level in zip(config.letters, config.levels, strict=True)}
-        return cls(
-            parts["S"], parts["T"], parts["O"], parts["C"], parts["W"],  # type: ignore[arg-type]
-            code=config.code, limits=limits,
-        )
+        return cls(parts, code=config.code, limits=limits)
 
     @classmethod
     def out_of_space_harness(cls, name: str, limits: HarnessLimits | None = None) -> Harness:
@@ -119,13 +128,11 @@ class Harness:
         if name not in OUT_OF_SPACE_PRESETS:
             raise ValueError(f"unknown out-of-space harness {name!r}; known: {', '.join(OUT_OF_SPACE_PRESETS)}")
         parts = {}
-        for letter, (where, key) in OUT_OF_SPACE_PRESETS[name].items():
-            klass = component_class(letter, int(key)) if where == "in" else out_of_space_class(letter, str(key))
-            parts[letter] = klass()
-        return cls(
-            parts["S"], parts["T"], parts["O"], parts["C"], parts["W"],  # type: ignore[arg-type]
-            code=name, limits=limits, out_of_space=True,
-        )
+        for factor in factors():
+            where, key = OUT_OF_SPACE_PRESETS[name].get(factor.letter, ("in", 0))
+            klass = component_class(factor.letter, int(key)) if where == "in" else out_of_space_class(factor.letter, str(key))
+            parts[factor.letter] = klass()
+        return cls(parts, code=name, limits=limits, out_of_space=True)
 
     @classmethod
     def named(cls, name: str, limits: HarnessLimits | None = None) -> Harness:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from harnessrl.harness.chat import ChatTokenizer
-from harnessrl.harness.harness import DEFAULT_MAX_NEW_TOKENS
+from harnessrl.harness.limits import DEFAULT_MAX_NEW_TOKENS
 
 if TYPE_CHECKING:
     import torch

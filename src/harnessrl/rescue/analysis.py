@@ -19,7 +19,8 @@ from typing import Any
 from harnessrl.harness.siblings import BASE_ID
 from harnessrl.policy.base import Policy
 from harnessrl.rescue.pool import Pool
-from harnessrl.rescue.runs import RunSettings, pass_table, run_grid
+from harnessrl.rescue.runs import pass_table, run_grid
+from harnessrl.rollout.settings import RolloutSettings
 from harnessrl.tasks.model import Task
 
 
@@ -63,7 +64,7 @@ def coverage_analysis(member_tables: dict[str, dict[str, bool]], h0_runs: Sequen
     }
 
 
-def analyze_pool(pool: Pool, policy: Policy, tasks: Sequence[Task], settings: RunSettings) -> dict[str, Any]:
+def analyze_pool(pool: Pool, policy: Policy, tasks: Sequence[Task], settings: RolloutSettings) -> dict[str, Any]:
     """Runs the pool analysis (see the module docstring); returns it as a dict."""
     started = time.perf_counter()
     harnesses = list(pool.harnesses(settings.limits))

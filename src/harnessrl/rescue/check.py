@@ -9,10 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from harnessrl.harness.harness import Harness
+from harnessrl.harness.limits import SCRIPTED_LIMITS
 from harnessrl.harness.siblings import PatchError, Sibling, build
 from harnessrl.policy.scripted import OraclePolicy
-from harnessrl.rescue.runs import RunSettings, run_grid
-from harnessrl.rollout.episode import SCRIPTED_LIMITS
+from harnessrl.rescue.runs import run_grid
+from harnessrl.rollout.settings import RolloutSettings
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import Trajectory
 
@@ -31,9 +32,9 @@ class Compliance:
         return not self.problems
 
 
-def check_siblings(siblings: Sequence[Sibling], tasks: Sequence[Task], settings: RunSettings | None = None) -> list[Compliance]:
+def check_siblings(siblings: Sequence[Sibling], tasks: Sequence[Task], settings: RolloutSettings | None = None) -> list[Compliance]:
     """Returns the compliance of each sibling: it builds, and the oracle passes every task."""
-    settings = settings or RunSettings(limits=SCRIPTED_LIMITS)
+    settings = settings or RolloutSettings(limits=SCRIPTED_LIMITS)
     settings = replace(settings, limits=SCRIPTED_LIMITS, temperature=0.0)  # the oracle, with room for its text
     results = {s.id: Compliance(s.id) for s in siblings}
     harnesses: list[tuple[str, Harness]] = []

@@ -32,8 +32,9 @@ from harnessrl.rescue.check import check_siblings
 from harnessrl.rescue.diagnose import Diagnoser, OfflineDiagnoser
 from harnessrl.rescue.editors import Candidate, Editor, RuleEditor
 from harnessrl.rescue.pool import Pool, ValidationRecord
-from harnessrl.rescue.runs import RunSettings, pass_rate, pass_table, run_grid
+from harnessrl.rescue.runs import pass_rate, pass_table, run_grid
 from harnessrl.rescue.select import select_parents
+from harnessrl.rollout.settings import RolloutSettings
 from harnessrl.tasks.model import Task
 from harnessrl.tasks.suite import load_suite
 from harnessrl.trajectory import Trajectory, save_jsonl
@@ -78,7 +79,7 @@ def _validation_tasks(targets: Sequence[str], controls: Sequence[str], limit: in
 class Evolution:
     """One evolution run in a pool folder (see the module docstring)."""
 
-    def __init__(self, out: Path, config: EvolutionConfig, policy: Policy, settings: RunSettings,
+    def __init__(self, out: Path, config: EvolutionConfig, policy: Policy, settings: RolloutSettings,
                  diagnoser: Diagnoser | None = None, editor: Editor | None = None, log: Log | None = None) -> None:
         self.out, self.config, self.policy, self.settings = Path(out), config, policy, settings
         self.diagnoser = diagnoser or OfflineDiagnoser()
@@ -223,7 +224,7 @@ def summarize(pool: Pool, state: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def evolve(out: Path, config: EvolutionConfig, policy: Policy, settings: RunSettings,
+def evolve(out: Path, config: EvolutionConfig, policy: Policy, settings: RolloutSettings,
            diagnoser: Diagnoser | None = None, editor: Editor | None = None, log: Log | None = None) -> dict[str, Any]:
     """Runs (or resumes) an evolution into the pool folder ``out``; returns its summary."""
     return Evolution(out, config, policy, settings, diagnoser, editor, log).run()

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from harnessrl.harness.harness import Harness
 from harnessrl.policy.base import Policy
 from harnessrl.rescue.router import PairedValidation, Router, TaskInfo
-from harnessrl.rescue.runs import RunSettings
 from harnessrl.rollout.engine import RolloutJob
+from harnessrl.rollout.settings import RolloutSettings
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import Trajectory
 
@@ -30,12 +30,12 @@ def rank1(router: Router, task: TaskInfo, h0: str, siblings: Sequence[str], seed
     return best if router.beats_h0(task, h0, best) else h0
 
 
-def run_with(policy: Policy, settings: RunSettings) -> RunJobs:
+def run_with(policy: Policy, settings: RolloutSettings) -> RunJobs:
     """Returns a job runner over ``policy`` with these settings."""
     return lambda jobs: _run(policy, jobs, settings)
 
 
-def _run(policy: Policy, jobs: list[RolloutJob], settings: RunSettings) -> list[Trajectory]:
+def _run(policy: Policy, jobs: list[RolloutJob], settings: RolloutSettings) -> list[Trajectory]:
     return settings.engine(policy).run(jobs)[0] if jobs else []
 
 

@@ -9,41 +9,17 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
-from harnessrl.harness.harness import Harness, HarnessLimits
-from harnessrl.policy.base import Policy, SamplingParams
-from harnessrl.rollout.engine import EngineOptions, RolloutEngine, RolloutJob
+from harnessrl.harness.harness import Harness
+from harnessrl.policy.base import Policy
+from harnessrl.rollout.engine import RolloutJob
+from harnessrl.rollout.settings import RolloutSettings
 from harnessrl.tasks.model import Task
 from harnessrl.trajectory import Trajectory
 
 
-@dataclass(frozen=True)
-class RunSettings:
-    """How Harness-S's own rollouts run (the pool's measurements, paired validation, routed
-    evaluation): limits, sampling (``max_new_tokens`` None: the limits' own), sandbox backend,
-    and the engine's concurrency (defaults: `EngineOptions`'s)."""
-
-    limits: HarnessLimits = field(default_factory=HarnessLimits)
-    temperature: float = 0.0
-    seed: int = 0
-    backend: str = "auto"
-    max_concurrent: int = EngineOptions.max_concurrent
-    env_workers: int = EngineOptions.env_workers
-    progress: bool = False  # the episodes' progress on stderr (harnessrl.progress)
-    max_new_tokens: int | None = None
-
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new_tokens or self.limits.max_new_tokens)
-
-    def engine(self, policy: Policy) -> RolloutEngine:
-        """Returns a rollout engine over ``policy`` with these settings."""
-        return RolloutEngine(policy, max_concurrent=self.max_concurrent, env_workers=self.env_workers,
-                             sampling=self.sampling(), backend=self.backend, progress=self.progress)
-
-
 def run_grid(
-    policy: Policy, harnesses: Sequence[tuple[str, Harness]], tasks: Sequence[Task], settings: RunSettings, runs: int = 1,
+    policy: Policy, harnesses: Sequence[tuple[str, Harness]], tasks: Sequence[Task], settings: RolloutSettings, runs: int = 1,
 ) -> dict[str, list[Trajectory]]:
     """Runs every task ``runs`` times under every harness; returns trajectories by the given
     harness key (run r uses seed ``settings.seed + r``)."""

@@ -18,8 +18,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harnessrl.external import EXTERNAL_PREFIX
-from harnessrl.harness.harness import DEFAULT_MAX_NEW_TOKENS
+from harnessrl.harness.limits import DEFAULT_MAX_NEW_TOKENS, HarnessLimits
 from harnessrl.rescue.sibling_source import SiblingSource
+from harnessrl.rollout.engine import EngineOptions
+from harnessrl.rollout.settings import RolloutSettings
 from harnessrl.sandbox import BACKENDS
 
 # The names `policy/hf.py` resolves (importing it here would import torch with the config).
@@ -75,8 +77,8 @@ class TrainConfig(BaseModel):
     max_turns: int = Field(12, ge=1, description="turns per episode")
     max_new_tokens: int = Field(DEFAULT_MAX_NEW_TOKENS, ge=1, description="tokens the policy may sample per turn")
     context_tokens: int = Field(8192, ge=256, description="model context window")
-    max_concurrent: int = Field(16, ge=1, description="episodes in flight in the rollout engine")
-    env_workers: int = Field(4, ge=1, description="threads for sandbox steps")
+    max_concurrent: int = Field(EngineOptions.max_concurrent, ge=1, description="episodes in flight in the rollout engine")
+    env_workers: int = Field(EngineOptions.env_workers, ge=1, description="threads for sandbox steps")
     sandbox_backend: str = Field("auto", description="sandbox backend: auto, bwrap, unshare, none")
 
     rollout_through: str = Field(
@@ -359,6 +361,21 @@ class TrainConfig(BaseModel):
             )
         return self
 
+    def rollout_settings(self, limits: HarnessLimits, *, evaluation: bool = False, temperature: float | None = None,
+                         seed: int | None = None, progress: bool = True) -> RolloutSettings:
+        """This run's rollouts under ``limits``: the training sampling (``temperature``, ``top_p``,
+        ``max_new_tokens``) or, with ``evaluation``, the evaluation's (``eval_temperature``, no
+        nucleus); ``temperature`` and ``seed`` (the first job seed) override; the sandbox,
+        concurrency and lockstep are the run's."""
+        if temperature is None:
+            temperature = self.eval_temperature if evaluation else self.temperature
+        return RolloutSettings(
+            limits=limits, temperature=temperature, seed=self.seed if seed is None else seed,
+            backend=self.sandbox_backend, max_concurrent=self.max_concurrent, env_workers=self.env_workers,
+            progress=progress, max_new_tokens=self.max_new_tokens, top_p=1.0 if evaluation else self.top_p,
+            deterministic=self.deterministic,
+        )
+
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Minutes on a 2-core CPU: easy tiers, short turns, a small SFT warm start that teaches the
@@ -383,7 +400,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eval_tasks": 6,
         "eval_held_out": 4,
         "eval_out_of_space": True,
-        "max_concurrent": 16,
         "save_every": 10,
         "keep_checkpoints": 1,
         "deterministic": True,

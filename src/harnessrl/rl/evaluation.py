@@ -39,10 +39,7 @@ def evaluate_run(
         return {}
     targets = [EvalTarget(code, name) for name, codes in sets.items() for code in codes]
     result: EvalResult = evaluate(
-        policy, targets, tasks, k=1, limits=limits, temperature=cfg.eval_temperature,
-        max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, max_concurrent=cfg.max_concurrent,
-        env_workers=cfg.env_workers, backend=cfg.sandbox_backend, progress=True, design=design,
-        deterministic=cfg.deterministic,
+        policy, targets, tasks, k=1, settings=cfg.rollout_settings(limits, evaluation=True), design=design,
     )
     save_jsonl(result.trajectories, out)
     scores: dict[str, Any] = {}

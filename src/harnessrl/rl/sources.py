@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from harnessrl.harness.harness import Harness, HarnessLimits
 from harnessrl.pairing import Pair, PairingSchedule
-from harnessrl.policy.base import SamplingParams, WeightSyncedPolicy
+from harnessrl.policy.base import WeightSyncedPolicy
 from harnessrl.rl.blackbox import AgentRollouts
 from harnessrl.rl.config import TrainConfig
 from harnessrl.rl.distributed import DataParallel
@@ -111,12 +111,7 @@ class HarnessSource:
 
     def engine(self) -> RolloutEngine:
         """Returns a rollout engine over the current policy with the training sampling."""
-        cfg = self.cfg
-        return RolloutEngine(
-            self.policy, max_concurrent=cfg.max_concurrent, env_workers=cfg.env_workers,
-            sampling=SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens),
-            backend=cfg.sandbox_backend, progress=True, deterministic=cfg.deterministic,
-        )
+        return self.cfg.rollout_settings(self.limits).engine(self.policy)
 
     def close(self) -> None:
         pass

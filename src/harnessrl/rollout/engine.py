@@ -94,7 +94,7 @@ class EngineOptions:
     batches are a function of the jobs, not of timing; ``batch_wait_s`` is then unused).
     """
 
-    max_concurrent: int = 8
+    max_concurrent: int = 16  # the one default of episodes in flight (evaluation, training, CLIs)
     env_workers: int = 4
     sampling: SamplingParams | None = None
     backend: str = "auto"
@@ -114,7 +114,8 @@ class EngineOptions:
 class RolloutEngine:
     """Runs rollout jobs concurrently against one policy and returns their trajectories.
 
-    The keyword arguments are the fields of ``EngineOptions``; ``progress`` shows the episodes' progress on stderr (a bar on a terminal, timestamped
+    The keyword arguments are the fields of ``EngineOptions`` (their defaults are its own;
+    ``rollout.settings.RolloutSettings.engine`` builds one from a run's settings); ``progress`` shows the episodes' progress on stderr (a bar on a terminal, timestamped
     lines otherwise: ``harnessrl.progress``) and
     ``on_trajectory(index, trajectory)`` is called as each episode finishes.
     """
@@ -122,14 +123,14 @@ class RolloutEngine:
     def __init__(
         self,
         policy: Policy,
-        max_concurrent: int = 8,
-        env_workers: int = 4,
+        max_concurrent: int = EngineOptions.max_concurrent,
+        env_workers: int = EngineOptions.env_workers,
         sampling: SamplingParams | None = None,
-        backend: str = "auto",
+        backend: str = EngineOptions.backend,
         sandbox_limits: SandboxLimits | None = None,
         progress: bool = False,
         on_trajectory: Callable[[int, Trajectory], None] | None = None,
-        batch_wait_s: float = 1.0,
+        batch_wait_s: float = EngineOptions.batch_wait_s,
         deterministic: bool = False,
     ) -> None:
         self.options = EngineOptions(max_concurrent, env_workers, sampling, backend, sandbox_limits, batch_wait_s,

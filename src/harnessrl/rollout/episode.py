@@ -33,8 +33,8 @@ from harnessrl.harness.base import (
     ToolOutput,
     describe_call,
 )
-from harnessrl.harness.chat import ByteTokenizer, ChatTokenizer
-from harnessrl.harness.harness import HarnessLimits
+from harnessrl.harness.chat import ChatTokenizer
+from harnessrl.harness.limits import is_bytewise, resolve_limits
 from harnessrl.policy.base import Generation, GenerationRequest, Policy, SamplingParams
 from harnessrl.tasks.model import prepare_workspace, verify_task
 from harnessrl.trajectory import Trajectory, Turn, run_length
@@ -51,28 +51,6 @@ PLAN_WITH_ACTION = (
 )
 
 
-# Scripted policies (oracle, replay, gold replay, ...) write their text byte by byte: a byte
-# tokenizer counts 3-4x the tokens of a model's for the same text, and long gold commands need
-# more room than the model-sized defaults give. ``episode_limits`` applies these in their place.
-SCRIPTED_LIMITS = HarnessLimits(max_new_tokens=16_384, context_tokens=262_144)
-
-
-def episode_limits(limits: HarnessLimits, tokenizer: ChatTokenizer) -> HarnessLimits:
-    """Returns the limits an episode runs under: ``limits``, except that for a policy that
-    tokenizes bytewise (a scripted one) a per-turn or context limit left at its model-sized
-    default becomes ``SCRIPTED_LIMITS``'s. A limit anyone set explicitly is kept."""
-    if not isinstance(tokenizer, ByteTokenizer):
-        return limits
-    default = HarnessLimits()
-    return replace(
-        limits,
-        max_new_tokens=SCRIPTED_LIMITS.max_new_tokens
-        if limits.max_new_tokens == default.max_new_tokens else limits.max_new_tokens,
-        context_tokens=SCRIPTED_LIMITS.context_tokens
-        if limits.context_tokens == default.context_tokens else limits.context_tokens,
-    )
-
-
 class Episode:
     """One episode in progress. Call ``start``, then ``request``/``advance`` until ``done``,
     then ``finish``."""
@@ -87,7 +65,8 @@ class Episode:
         seed: int = 0,
     ) -> None:
         self.harness, self.task, self.sandbox, self.tokenizer = harness, task, sandbox, tokenizer
-        self.limits = episode_limits(harness.limits, tokenizer)
+        # A scripted (bytewise) policy gets room for its text where the harness kept the defaults.
+        self.limits = resolve_limits(harness.limits, bytewise=is_bytewise(tokenizer))
         # The harness's per-turn limit caps whatever the caller asks for.
         base = sampling or SamplingParams(max_new_tokens=self.limits.max_new_tokens)
         self.sampling = SamplingParams(
@@ -120,7 +99,7 @@ class Episode:
         self.history.append(Message("user", self.harness.system.first_user_message(ctx), SPAN_TASK, pinned=True))
         t2 = time.perf_counter()
         # Start hooks (sibling harnesses) show read-only command output: harness text, pinned.
-        for text in self.harness.hooks.at_start(self.state, self.sandbox):
+        for text in self.harness.episode_hooks.at_start(self.state, self.sandbox):
             self.history.append(Message("user", text, SPAN_REMINDER, pinned=True))
         self.sandbox_time_s += t1 - t0 + time.perf_counter() - t2
         self.harness_time_s += t2 - t1
@@ -207,7 +186,7 @@ class Episode:
         observations: list[str] = []
         reminders: list[str] = []
         for call in parsed.calls:
-            verdict = harness.hooks.before_call(call, state)
+            verdict = harness.episode_hooks.before_call(call, state)
             reminders += verdict.hints
             t0 = time.perf_counter()
             if verdict.blocked is not None:  # a harness rule refused it: the reason is the observation

@@ -39,9 +39,8 @@ def _base_harness(sibling: Sibling, levels: dict[str, int], limits: HarnessLimit
     """Returns the base harness with the ``set_level`` swaps applied."""
     if sibling.base in OUT_OF_SPACE_PRESETS:
         harness = Harness.out_of_space_harness(sibling.base, limits)
-        attribute = {"S": "system", "T": "tools", "O": "observation", "C": "context", "W": "workflow"}
         for letter, level in levels.items():
-            setattr(harness, attribute[letter], component_class(letter, level)())
+            harness.components[letter] = component_class(letter, level)()
         return harness
     try:
         config = default_space().parse(sibling.base)

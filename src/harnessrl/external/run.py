@@ -201,7 +201,7 @@ def agent_limits(config: ExternalConfig, agent: ExternalAgent) -> SandboxLimits:
     return SandboxLimits(
         timeout_s=config.time_limit_s, cpu_s=max(1, int(config.time_limit_s)),
         memory_mb=config.memory_mb or agent.memory_mb, max_processes=config.max_processes,
-        file_size_mb=1024, output_bytes=1 << 16,
+        file_size_mb=1024, output_bytes=1 << 16, disk_mb=2048,  # its files and caches in the workspace
     )
 
 
@@ -291,12 +291,13 @@ def run_task(agent: ExternalAgent, task: Task, server: AgentServer, config: Exte
     error: str | None = None
     reason: str | None = None  # the agent's own, for a run that failed
     started = time.monotonic()
-    workspace = Workspace(prefix="ws-ext-")
+    limits = agent_limits(config, agent)
+    workspace = Workspace(prefix="ws-ext-", quota_mb=limits.disk_mb)
     try:
         agent.prepare(agent_run)
         mounts = [SandboxMount(str(folder), AGENT_MOUNT), SandboxMount(str(server.folder), SERVE_MOUNT),
                   SandboxMount(str(state), STATE_MOUNT, writable=True)]
-        with open_sandbox(workspace, backend=config.backend, limits=agent_limits(config, agent),
+        with open_sandbox(workspace, backend=config.backend, limits=limits,
                           mounts=mounts, env=agent.env(agent_run)) as sandbox:
             prepare_workspace(task, sandbox)
             result = sandbox.exec(agent_command(agent, agent_run, entry), timeout=config.time_limit_s)

@@ -45,6 +45,8 @@ class SandboxLimits:
         file_size_mb: largest file a command may write, in MiB (RLIMIT_FSIZE).
         output_bytes: bytes kept per stream (stdout, stderr); the head and the tail are kept
             around a truncation marker.
+        disk_mb: total size of the workspace `open_sandbox` makes, in MiB: a size-limited tmpfs
+            where the host process may mount one (root); 0 = no quota (`Workspace`).
     """
 
     timeout_s: float = 30.0
@@ -53,11 +55,14 @@ class SandboxLimits:
     max_processes: int = 128
     file_size_mb: int = 64
     output_bytes: int = 65536
+    disk_mb: int = 512
 
     def __post_init__(self) -> None:
         if not (isinstance(self.timeout_s, int | float) and not isinstance(self.timeout_s, bool)
                 and math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"SandboxLimits.timeout_s must be a positive number, got {self.timeout_s!r}")
+        if not isinstance(self.disk_mb, int) or isinstance(self.disk_mb, bool) or self.disk_mb < 0:
+            raise ValueError(f"SandboxLimits.disk_mb must be an integer >= 0 (0: no quota), got {self.disk_mb!r}")
         for name in ("cpu_s", "memory_mb", "max_processes", "file_size_mb", "output_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

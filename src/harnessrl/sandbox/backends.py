@@ -182,7 +182,7 @@ def open_sandbox(workspace: Workspace | None = None, backend: str = "auto",
         if not usable:
             raise SandboxUnavailableError(f"sandbox backend {backend!r} does not work here: {reason}")
     owns = workspace is None
-    workspace = workspace if workspace is not None else Workspace()
+    workspace = workspace if workspace is not None else Workspace(quota_mb=limits.disk_mb)
     try:
         if chosen == "none":
             return _UnsandboxedSandbox(workspace, limits, owns, env=env)

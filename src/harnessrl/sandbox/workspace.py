@@ -6,11 +6,18 @@ as long as its process lives. A process ended by SIGKILL removes nothing, but it
 with it: `remove_stale_workspaces` (run when a trainer starts) removes every workspace whose
 lock nobody holds, whatever PID namespace its owner ran in; only files with that suffix are
 considered, so no other program's lock is taken for one of ours.
+
+A workspace with a quota (``quota_mb``: `SandboxLimits.disk_mb` for the workspaces
+`open_sandbox` makes) is a size-limited tmpfs mounted on its directory, where this process may
+mount (root): an episode that fills it gets `ENOSPC` in its own commands and nobody else's disk
+fills. Elsewhere the quota is not applied (`quota_applied` says which) and a warning says so once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import fcntl
 import logging
 import os
@@ -26,8 +33,45 @@ from harnessrl.sandbox.api import WORKSPACE_MOUNT, SandboxError, is_within
 logger = logging.getLogger(__name__)
 
 
+_MNT_DETACH = 2
+_MS_NOSUID, _MS_NODEV = 2, 4
+QUOTA_SOURCE = "harnessrl-quota"  # the tmpfs source name of every quota mount, in /proc/mounts
+_quota_warned = False
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _mount_quota(root: str, quota_mb: int) -> bool:
+    """Mounts a tmpfs of ``quota_mb`` MiB on ``root`` (owner and mode kept); whether it could."""
+    global _quota_warned
+    info = os.stat(root)
+    options = f"size={quota_mb}m,mode={info.st_mode & 0o7777:o},uid={info.st_uid},gid={info.st_gid}"
+    if os.geteuid() == 0 and _libc().mount(QUOTA_SOURCE.encode(), root.encode(), b"tmpfs",
+                                           _MS_NOSUID | _MS_NODEV, options.encode()) == 0:
+        return True
+    if not _quota_warned:
+        _quota_warned = True
+        reason = "not root" if os.geteuid() != 0 else os.strerror(ctypes.get_errno() or errno.EPERM)
+        logger.warning("sandbox: no per-episode disk quota here (%s): an episode that fills the disk can fail "
+                       "its neighbours' checks (docs/security.md)", reason)
+    return False
+
+
+def _unmount_quota(path: str) -> None:
+    """Detaches a quota tmpfs mounted on ``path`` (ours: its source is ``QUOTA_SOURCE``)."""
+    with contextlib.suppress(OSError):
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+        target = os.path.realpath(path)
+        if any(line.split()[:2] == [QUOTA_SOURCE, target] for line in mounts):
+            _libc().umount2(target.encode(), _MNT_DETACH)
+
+
 def _remove_tree(path: str) -> None:
-    """Delete a directory tree, fixing permissions a sandboxed process may have removed."""
+    """Delete a directory tree, fixing permissions a sandboxed process may have removed (a
+    quota tmpfs on it is detached first: its files go with it)."""
+    _unmount_quota(path)
 
     def fix_and_retry(func: Any, failed: str, _exc_info: Any) -> None:
         with contextlib.suppress(OSError):
@@ -89,13 +133,17 @@ class Workspace:
 
     The caller lays out the task's files under `root` (before opening a sandbox on it, or later
     through `Sandbox.write_file`); inside the sandbox the directory is `WORKSPACE_MOUNT`.
+    ``quota_mb`` bounds its total size where this process may mount a tmpfs (module docstring;
+    ``quota_applied``); a kept workspace gets none (it outlives the mount's owner).
     """
 
-    def __init__(self, base_dir: str | Path | None = None, prefix: str = "ws-", keep: bool = False) -> None:
+    def __init__(self, base_dir: str | Path | None = None, prefix: str = "ws-", keep: bool = False,
+                 quota_mb: int | None = None) -> None:
         base = Path(base_dir) if base_dir is not None else Path(tempfile.gettempdir())
         base.mkdir(parents=True, exist_ok=True)
         self.root: Path = Path(os.path.realpath(tempfile.mkdtemp(prefix=prefix, dir=base)))
         self.keep = keep
+        self.quota_mb = quota_mb
         lock_fd = None
         if not keep:  # a kept workspace is for a person to read: no sweep may take it
             lock_fd = os.open(str(self.root) + LOCK_SUFFIX, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
@@ -104,6 +152,8 @@ class Workspace:
         self._finalizer = weakref.finalize(self, _release, str(self.root), lock_fd)
         if keep:
             self._finalizer.detach()
+        # Mounted once the lock is held: a killed owner's mount is found by the stale sweep.
+        self.quota_applied = bool(quota_mb) and not keep and _mount_quota(str(self.root), int(quota_mb or 0))
 
     def resolve(self, path: str | os.PathLike[str]) -> Path:
         """Return the host path for ``path``, refusing anything that leaves the workspace.

@@ -5,7 +5,8 @@
 # interval over tasks) and its least-squares slope per step. Usage:
 #   examples/sweep_learn.sh [OUT] [POINT ...]   (default runs/sweep-learn, every point; finished
 #                                               points are skipped; POINT none: only the table)
-# The point lr 3e-5 is the experiment's own RL arm (seed 0): its first 10 steps are read, not rerun.
+# The experiment's own RL arm (seed 0; LoRA r16 at 3e-4 since 2026-12-04), when it exists, is read too:
+# its first 10 steps. Points: the first round changed one setting of full fine-tuning at lr 3e-5.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/sweep-learn}
@@ -16,11 +17,15 @@ COMMON=(--set "model=$WARM" --set sft_warm_start_steps=0 --set steps=10 --set ev
         --set eval_held_out=0 --set eval_out_of_space=false --set frontier=true --set dynamic_sampling_rounds=1
         --set ppo_epochs=1 --set mini_batches=1 --set micro_batch_tokens=2048 --set save_every=5 --set seed=0)
 declare -A POINTS=(
+  [lr-3e-5]="--set learning_rate=3e-5"
   [lr-1e-5]="--set learning_rate=1e-5"
   [lr-1e-4]="--set learning_rate=1e-4"
   [lora-r16-lr-3e-4]="--set learning_rate=3e-4 --set lora_rank=16"
   [group-8]="--set learning_rate=3e-5 --set group_size=8"
   [turns-5]="--set learning_rate=3e-5 --set max_turns=5"
+  # Second round, from the best first-round point (LoRA r16 at 3e-4): group size and episode length.
+  [lora-r16-group-8]="--set learning_rate=3e-4 --set lora_rank=16 --set group_size=8"
+  [lora-r16-turns-5]="--set learning_rate=3e-4 --set lora_rank=16 --set max_turns=5"
 )
 run_point() {
   local name=$1
@@ -46,8 +51,8 @@ import numpy as np
 from harnessrl.experiment.learning import reward_gain
 print("| point | steps | first-pass reward per step | slope per step | last - first quarter [95% CI] | valid groups | rollouts | wall min |")
 print("|---|---|---|---|---|---|---|---|")
-arm = Path("experiments/cpu-learn/arms/rl-frontier-seed0")  # lr 3e-5: the experiment's arm, its steps 1-10
-runs = [(arm, "lr-3e-5 (experiment arm, steps 1-10)")] if (arm / "metrics.jsonl").exists() else []
+arm = Path("experiments/cpu-learn/arms/rl-frontier-seed0")  # the experiment's arm, its steps 1-10
+runs = [(arm, "the experiment's RL arm (steps 1-10)")] if (arm / "metrics.jsonl").exists() else []
 runs += [(p, p.name) for p in sorted(Path(sys.argv[1]).iterdir()) if (p / "metrics.jsonl").exists()]
 for run, name in runs:
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]

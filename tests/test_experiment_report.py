@@ -136,13 +136,15 @@ def test_the_paper_and_cpu_experiments_load_with_the_papers_arms():
 
 
 def test_the_learning_experiment_runs_the_frontier_against_the_sft_only_control(tmp_path):
-    from harnessrl.experiment.spec import arm_config, executor_rollouts_bound
+    from harnessrl.experiment.spec import arm_config, executor_rollouts_bound, warm_start_config
 
     learn = load_experiment(CONFIGS / "cpu_learn.yaml")
     arms = {a.name: a for a in learn.arms}
     assert arms["sft-only"].control == "sft-only" and learn.reference == "sft-only" and len(learn.seeds) == 2
     cfg = arm_config(learn, arms["rl-frontier"], learn.seeds[0], tmp_path)
     assert cfg.frontier and cfg.dynamic_sampling_rounds >= 1 and cfg.steps >= 30 and cfg.k == 2
+    # The sweep's choice: LoRA adapters under RL over a fully fine-tuned shared warm start.
+    assert cfg.lora_rank == 16 and warm_start_config(learn, learn.seeds[0], tmp_path).lora_rank == 0
     assert cfg.model == str(tmp_path / "warm-start" / "seed0" / "checkpoints" / "step-000000" / "model")
     assert learn.eval.held_out * learn.eval.tasks >= 96  # paired in-space units per seed
     assert cfg.eval_every == learn.eval.curve_every > 0 and cfg.eval_base  # the learning curve's points

@@ -21,9 +21,10 @@ ARM_FIELDS = ("design", "design_n", "base_harness", "pairing", "k",
 # Set by the experiment for every arm; a base config must not set them.
 MANAGED_FIELDS = ("run_dir", "seed", "eval_held_out", "eval_out_of_space", "eval_base", "eval_every")
 MARKER = "arm_result.json"
-# What a shared warm start may set (the arms then all start from its checkpoint).
+# What a shared warm start may set (the arms then all start from its checkpoint). ``lora_rank: 0``
+# there gives RL arms that train LoRA adapters (base ``lora_rank``) a fully fine-tuned warm start.
 WARM_START_FIELDS = ("design", "design_n", "base_harness", "sft_warm_start_steps", "sft_tasks", "sft_learning_rate",
-                     "sft_lr_schedule", "sft_harness_run", "tiers", "families")
+                     "sft_lr_schedule", "sft_harness_run", "tiers", "families", "lora_rank")
 
 
 class ArmSpec(BaseModel):

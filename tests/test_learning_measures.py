@@ -59,4 +59,25 @@ def test_relative_movement_is_the_norm_of_the_change_over_all_weights(tmp_path):
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     save_file({"lora_A": torch.ones(2, 2)}, str(adapter / "adapter_model.safetensors"))
-    assert relative_movement(adapter, tmp_path / "start") is None  # a LoRA checkpoint: its movement is elsewhere
+    assert relative_movement(adapter, tmp_path / "start") is None  # no adapter config: not a LoRA checkpoint
+
+
+def test_a_lora_checkpoint_moves_the_merged_weights_by_its_scaled_adapters(tmp_path):
+    import json
+
+    start = write_model(tmp_path / "start", {"model.layers.0.q_proj.weight": torch.full((4, 3), 2.0),
+                                             "model.embed_tokens.weight": torch.ones(5, 3)})
+    a, b = torch.arange(6.0).reshape(2, 3) / 10, torch.arange(8.0).reshape(4, 2) / 10  # r = 2
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    save_file({"base_model.model.model.layers.0.q_proj.lora_A.weight": a,
+               "base_model.model.model.layers.0.q_proj.lora_B.weight": b}, str(adapter / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "r": 2, "lora_alpha": 8, "rank_pattern": {}, "alpha_pattern": {}}
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    merged_delta = 4.0 * b @ a  # lora_alpha / r = 4: what peft's merge adds to q_proj
+    start_norm = math.sqrt(12 * 4.0 + 15 * 1.0)
+    assert relative_movement(adapter, start) == pytest.approx(float(merged_delta.norm()) / start_norm)
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, "use_rslora": True}))
+    assert relative_movement(adapter, start) == pytest.approx(float((8.0 / math.sqrt(2)) * (b @ a).norm()) / start_norm)
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, "use_dora": True}))
+    assert relative_movement(adapter, start) is None  # DoRA rescales columns: not this formula

@@ -62,15 +62,47 @@ def _weights(model_dir: Path) -> dict[str, Any] | None:
     return tensors
 
 
+def _lora_delta_sq(adapter_dir: Path) -> float | None:
+    """Returns ||W_merged - W_base||^2 of a LoRA adapter folder (every adapted module's
+    ``scale * B @ A``, scale ``lora_alpha / r``, or ``/ sqrt(r)`` with rsLoRA), or None when the
+    folder holds no plain LoRA adapter (DoRA or per-module rank / alpha patterns: not computed)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    config_path, weights_path = adapter_dir / "adapter_config.json", adapter_dir / "adapter_model.safetensors"
+    if not (config_path.is_file() and weights_path.is_file()):
+        return None
+    config = json.loads(config_path.read_text())
+    if config.get("peft_type") != "LORA" or config.get("use_dora") or config.get("rank_pattern") \
+            or config.get("alpha_pattern"):
+        return None
+    rank, alpha = int(config["r"]), float(config["lora_alpha"])
+    scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    tensors = load_file(str(weights_path))
+    total = 0.0
+    for name, a in tensors.items():
+        if name.endswith(".lora_A.weight"):
+            b = tensors[name.removesuffix(".lora_A.weight") + ".lora_B.weight"]
+            total += float(((scale * b.float() @ a.float()) ** 2).sum())
+    return total
+
+
 def relative_movement(model_dir: str | Path, start_dir: str | Path) -> float | None:
     """Returns ||W - W_start|| / ||W_start|| over every tensor the two full models share
-    (Frobenius norms of all weights together; a tied embedding counted once), or None when
-    either folder holds no full weights (a LoRA checkpoint: its movement is in the adapter)."""
+    (Frobenius norms of all weights together; a tied embedding counted once). A LoRA checkpoint
+    trained over ``start_dir`` moves the merged weights by its adapters' ``scale * B @ A``
+    (``_lora_delta_sq``), measured against all of the start's weights. None when the start
+    holds no full weights or the checkpoint is neither."""
     import torch
 
     moved, start = _weights(Path(model_dir)), _weights(Path(start_dir))
-    if moved is None or start is None:
+    if start is None:
         return None
+    if moved is None:
+        delta_sq = _lora_delta_sq(Path(model_dir))
+        norm = sum(float(torch.sum(t ** 2)) for t in start.values())
+        return math.sqrt(delta_sq / norm) if delta_sq is not None and norm else None
     shared = sorted(set(moved) & set(start))
     if not shared:
         return None

@@ -79,7 +79,7 @@ class TrainConfig(BaseModel):
     context_tokens: int = Field(8192, ge=256, description="model context window")
     max_concurrent: int = Field(EngineOptions.max_concurrent, ge=1, description="episodes in flight in the rollout engine")
     env_workers: int = Field(EngineOptions.env_workers, ge=1, description="threads for sandbox steps")
-    sandbox_backend: str = Field("auto", description="sandbox backend: auto, bwrap, unshare, none")
+    sandbox_backend: str = Field(EngineOptions.backend, description="sandbox backend: auto, bwrap, unshare, none")
 
     rollout_through: str = Field(
         "harness",

@@ -21,7 +21,7 @@ class RolloutSettings:
     limits: HarnessLimits = field(default_factory=HarnessLimits)
     temperature: float = 0.0
     seed: int = 0
-    backend: str = "auto"
+    backend: str = EngineOptions.backend
     max_concurrent: int = EngineOptions.max_concurrent
     env_workers: int = EngineOptions.env_workers
     progress: bool = False

@@ -82,6 +82,7 @@ def rank_main(rank, world_size, port, model_dir, out_file):
                        "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank)})
     torch.set_num_threads(1)
     data_parallel = DataParallel.from_env()
+    ok = False
     try:
         metrics, weights, optimizer_state, (model, value_head, optimizer) = train(model_dir, data_parallel)
         shards = {}
@@ -106,8 +107,9 @@ def rank_main(rank, world_size, port, model_dir, out_file):
         dist.all_gather_object(gathered, {"shards": shards, "restored": restored})
         if rank == 0:
             torch.save({"metrics": metrics, "weights": weights, "optimizer": optimizer_state, "ranks": gathered}, out_file)
+        ok = True
     finally:
-        data_parallel.close()
+        data_parallel.close(ok=ok)  # both ranks meet before either tears its connections down
 
 
 @pytest.fixture(scope="module")

@@ -286,11 +286,19 @@ class DataParallel:
         dist.all_gather_object(gathered, value)
         return gathered
 
-    def close(self) -> None:
+    def close(self, *, ok: bool = True) -> None:
+        """Ends the process group. After a run that ended well every rank first meets the others
+        at a barrier, so that no rank tears down its gloo connections while a peer still reads
+        from them (that peer then aborts: "terminate called without an active exception", seen
+        in CI on 2026-12-04). After a failure (``ok=False``) it does not wait: the peer that
+        failed may never arrive (torchtitan closes the same way)."""
         import torch.distributed as dist
 
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        if not dist.is_initialized():
+            return
+        if ok:
+            dist.barrier()
+        dist.destroy_process_group()
 
 
 def launch_command(nproc: int, argv: Sequence[str]) -> list[str]:

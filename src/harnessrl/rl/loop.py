@@ -291,9 +291,10 @@ class Trainer:
 
 def train(cfg: TrainConfig, resume: bool = False, log: Logger = print) -> dict[str, Any]:
     """Runs (or resumes) a training run and returns its summary."""
-    trainer = Trainer(cfg, resume=resume, log=log)
+    trainer, ok = Trainer(cfg, resume=resume, log=log), False
     try:
-        return trainer.run()
+        summary, ok = trainer.run(), True
+        return summary
     finally:
         if trainer.parallel is not None:
-            trainer.parallel.close()
+            trainer.parallel.close(ok=ok)

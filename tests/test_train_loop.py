@@ -1,6 +1,7 @@
 """The training loop end to end on a tiny model of the embedded architecture: weights change,
 metrics and checkpoints are written, and a run killed with SIGKILL resumes on the same schedule."""
 
+import copy
 import json
 
 import pytest
@@ -154,6 +155,42 @@ def test_lora_run_trains_only_the_adapter_and_resumes(tiny_model, tmp_path):
     assert lora_weights and any(float(v.abs().sum()) > 0 for v in lora_weights.values())  # trained adapter loaded
     trainable = [n for n, p in resumed.actor.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_lora_rollouts_sample_a_copy_with_the_adapters_merged(tiny_model, tmp_path, dtype):
+    """LoRA trains a model of its own; the rollout copy holds the base weights plus each adapter's
+    scale * B @ A (as peft's merge_and_unload computes them) after every sync, while the trained
+    model keeps its adapters unmerged."""
+    pytest.importorskip("peft", reason="peft is installed by `make test`")
+    from harnessrl.policy.merged import is_lora_model
+
+    overrides = tiny_overrides(tiny_model, tmp_path / "lora", 1) | {"lora_rank": 4, "dtype": dtype, "device": "cpu"}
+    trainer = Trainer(load_config(preset="quick", overrides=overrides), log=lambda m: None)
+    actor, rollout_model = trainer.actor, trainer.policy.model
+    assert rollout_model is not actor.model and not is_lora_model(rollout_model) and is_lora_model(actor.model)
+    # The frozen base is in the run's dtype; only float32 master weights get an autocast of their own.
+    assert actor.precision == {"rollout": dtype, "master": dtype, "autocast": "off"}
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in actor.model.named_parameters():
+            if "lora_B" in name:  # a trained adapter (B starts at 0)
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+
+    def base_weights():  # the trained model's frozen base, under the plain model's names
+        return {k.replace(".base_layer", ""): v.detach().clone()
+                for k, v in actor.model.get_base_model().named_parameters() if "lora_" not in k}
+
+    base_before = base_weights()
+    actor.sync_rollout_weights()
+    merged = dict(copy.deepcopy(actor.model).merge_and_unload().named_parameters())
+    rollout = dict(rollout_model.named_parameters())
+    assert rollout.keys() == merged.keys() == base_before.keys()
+    for name, parameter in merged.items():
+        assert torch.equal(rollout[name], parameter.detach().to(rollout[name].dtype)), name
+    changed = [name for name, parameter in merged.items() if not torch.equal(parameter, base_before[name])]
+    assert len(changed) == 7 * 2  # every linear layer of the two decoder layers took its adapter
+    assert all(torch.equal(v, base_weights()[k]) for k, v in base_before.items())  # the adapters stay unmerged
 
 
 def test_bf16_rollouts_keep_float32_master_weights_in_sync(tiny_model, tmp_path):

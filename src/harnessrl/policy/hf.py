@@ -96,6 +96,7 @@ from harnessrl.policy.base import (
 from harnessrl.policy.device import resolve_device, resolve_dtype
 from harnessrl.policy.embedded import resolve_model_path
 from harnessrl.policy.kv_slab import GROUPED_SDPA, KVSlab, row_groups
+from harnessrl.policy.merged import sampling_weights
 from harnessrl.policy.packed_linear import PackedLinears, onednn_linear_available
 from harnessrl.policy.prefix_cache import PrefixCache, PrefixCacheStats
 from harnessrl.policy.sampling import effective_temperature, sample_index, top_p_filter
@@ -242,16 +243,17 @@ class HFPolicy(WeightSyncedPolicy):
         """Makes later generations use the current weights of ``trained`` and drops the prefix
         cache. ``trained`` is this policy's own model (nothing to copy), a model that wraps it
         (a PEFT LoRA model around it: the policy samples through the wrapper from now on), or
-        a separate copy with the same parameter names (a float32 master copy: its parameters
-        are copied in, cast to this policy's dtype)."""
+        a separate model: a copy with the same parameter names (a float32 master copy: its
+        parameters are copied in, cast to this policy's dtype) or a PEFT LoRA model around a
+        copy (its adapters merged into this policy's weights: ``policy.merged``)."""
         if trained is not self.model:
             if any(module is self.model for module in trained.modules()):
                 self.model = trained
             else:
                 with self._lock, torch.no_grad():
                     targets = dict(self.model.named_parameters())
-                    for name, parameter in trained.named_parameters():
-                        targets[name].copy_(parameter)
+                    for name, value in sampling_weights(trained):
+                        targets[name].copy_(value)
         self.clear_prefix_cache()
         self.weight_version += 1
 

@@ -55,18 +55,23 @@ class Actor:
         # A LoRA checkpoint holds only the adapter: the base model comes from the config.
         model_source = str(checkpoint / "model") if (checkpoint is not None and not cfg.lora_rank) else cfg.model
         device = resolve_device(cfg.device)
-        rollout_dtype = resolve_dtype(cfg.dtype, device) if cfg.lora_rank else resolve_rollout_dtype(cfg.dtype, device)
+        rollout_dtype = resolve_rollout_dtype(cfg.dtype, device)
         self.policy = make_training_policy(model_source, cfg.device, rollout_dtype, server=cfg.policy_server,
                                            server_model=cfg.policy_server_model, weights_dir=weights_dir)
         self.model = self.policy.local_model()
         self.autocast_dtype: torch.dtype | None = None  # update_step's default: bf16 on CUDA only
-        if self.model is None or (not cfg.lora_rank and (rollout_dtype != torch.float32 or shard)):
+        # The rollout copy is the trained model itself only for full fine-tuning in float32 on one
+        # process. LoRA trains a model of its own (its frozen base in the run's dtype: float32 on a
+        # CPU, bfloat16 on CUDA) and the rollout copy takes its adapters merged after every step
+        # (policy.merged): sampling through unmerged adapters ran at about a third of the speed.
+        if self.model is None or cfg.lora_rank or rollout_dtype != torch.float32 or shard:
             from transformers import AutoModelForCausalLM
 
+            master_dtype = resolve_dtype(cfg.dtype, device) if cfg.lora_rank else torch.float32
             self.model = AutoModelForCausalLM.from_pretrained(
-                resolve_model_path(model_source), dtype=torch.float32, local_files_only=True
+                resolve_model_path(model_source), dtype=master_dtype, local_files_only=True
             ).to(device)
-            if rollout_dtype != torch.float32:
+            if rollout_dtype != torch.float32 and master_dtype == torch.float32:
                 self.autocast_dtype = rollout_dtype
         self.precision = {
             "rollout": str(rollout_dtype).removeprefix("torch."),
@@ -77,7 +82,7 @@ class Actor:
             f"update autocast {self.precision['autocast']}")
         if cfg.lora_rank:
             self.model = self._wrap_lora(self.model, checkpoint / "model" if checkpoint is not None else None)
-            self.policy.sync_weights(self.model)  # samples through the adapters; drops the bare model's KV
+            self.policy.sync_weights(self.model)  # the adapters merged into the rollout copy (a resume's are not 0)
         elif cfg.policy_server is not None:
             self.policy.sync_weights(self.model)  # the server samples from the weights trained here (or resumed)
         if parallel is not None:

@@ -340,6 +340,47 @@ def test_file_size_limit_stops_large_writes(backend: str) -> None:
     assert size <= 1 << 20
 
 
+def fill(box: Sandbox, folder: str) -> ExecResult:
+    """Writes files of 32 MiB into ``folder`` until one fails (eight at most: 256 MiB); prints the
+    folder's size in MiB."""
+    return box.exec(f"for i in 1 2 3 4 5 6 7 8; do head -c 33554432 /dev/zero > {folder}/f$i || break; done; "
+                    f"du -sm {folder} | cut -f1")
+
+
+@pytest.mark.parametrize("folder", ["/tmp", "/dev/shm"])
+def test_private_tmp_and_shm_are_bounded_by_the_memory_limit(backend: str, folder: str) -> None:
+    """The sandbox's private /tmp and /dev/shm are tmpfs of ``memory_mb``: files of 32 MiB each,
+    written until the folder is full, stop at ENOSPC at 96 MiB, never at the 256 MiB tried."""
+    with open_sandbox(backend=backend, limits=SandboxLimits(memory_mb=96, file_size_mb=64, timeout_s=60.0)) as box:
+        result = fill(box, folder)
+    assert "No space left on device" in result.stderr, result
+    assert int(result.stdout.split()[-1]) <= 96
+
+
+def test_bwrap_without_size_bounds_tmp_and_shm_in_a_scratch_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bubblewrap before 0.8.0 has no ``--size``: its tmpfs would take up to half the machine's
+    memory. The real bwrap, with ``--size`` hidden from harnessrl, gets /tmp and /dev/shm from a
+    scratch folder of the sandbox's own instead, bounded as the workspace is (a tmpfs of
+    ``memory_mb`` for both where the host may mount: CI runs as root) and removed with the
+    sandbox. Without the scratch folder (the unsized tmpfs) all eight files fit."""
+    usable_backend_or_skip("bwrap")
+    from harnessrl.sandbox import isolation
+
+    options = isolation._bwrap_options()
+    monkeypatch.setattr(isolation, "_bwrap_options", lambda: options - {"--size"})
+    with open_sandbox(backend="bwrap", limits=SandboxLimits(memory_mb=96, file_size_mb=64, timeout_s=60.0)) as box:
+        scratch = box._scratch
+        assert scratch is not None and scratch.root.is_dir()
+        if not scratch.quota_applied:
+            pytest.skip("no root here: the scratch folder is on disk, limited per file (docs/security.md)")
+        shm = fill(box, "/dev/shm")
+        tmp = fill(box, "/tmp")
+        assert "No space left on device" in tmp.stderr, tmp
+        assert int(tmp.stdout.split()[-1]) + int(shm.stdout.split()[-1]) <= 96  # one tmpfs for both
+        assert box.exec("rm -f /tmp/f* /dev/shm/f* && echo room > /tmp/note && cat /tmp/note").stdout == "room\n"
+    assert not scratch.root.exists()
+
+
 # --------------------------------------------------------------------------------------------
 # Process lifetime
 # --------------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def oracle_demonstrations(
         RolloutJob(task, Harness.named(harness_codes[i % len(harness_codes)], limits), seed=seed + i)
         for i, task in enumerate(tasks)
     ]
-    trajectories, _ = RolloutEngine(policy, max_concurrent=8, backend=backend).run(jobs)
+    trajectories, _ = RolloutEngine(policy, backend=backend).run(jobs)  # EngineOptions' episodes in flight
     return [t for t in trajectories if t.passed]
 
 

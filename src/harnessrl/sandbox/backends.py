@@ -20,7 +20,13 @@ from harnessrl.sandbox.api import (
     checked_env,
 )
 from harnessrl.sandbox.base import Sandbox
-from harnessrl.sandbox.isolation import bwrap_argv, mount_plan, unshare_setup_script
+from harnessrl.sandbox.isolation import (
+    bwrap_argv,
+    bwrap_sizes_tmpfs,
+    give_tree,
+    mount_plan,
+    unshare_setup_script,
+)
 from harnessrl.sandbox.session import ServerSandbox
 from harnessrl.sandbox.workspace import Workspace
 
@@ -30,10 +36,35 @@ class _BwrapSandbox(ServerSandbox):
     """bubblewrap backend (docs/sandbox.md says what it isolates)."""
 
     backend = "bwrap"
+    _scratch: Workspace | None = None  # /tmp and /dev/shm where bwrap cannot size a tmpfs
 
     def _launch_argv(self) -> list[str]:
         plan = mount_plan(str(self.workspace.root), self._host_uid, self._mounts)
-        return bwrap_argv(plan, self.limits.memory_mb << 20)
+        return bwrap_argv(plan, self.limits.memory_mb << 20, scratch=self._fresh_scratch())
+
+    def _fresh_scratch(self) -> str | None:
+        """None where bwrap sizes its tmpfs (``--size``). Older bwrap (before 0.8.0) mounts them
+        unsized: half the machine's memory each. There ``/tmp`` and ``/dev/shm`` are the folders
+        ``tmp`` and ``shm`` of a fresh host folder of their own, sized like the workspace: a tmpfs
+        of ``memory_mb`` for both where this process may mount (root), else on disk, limited per
+        file. A restarted server gets a fresh one, as it would get fresh tmpfs."""
+        if bwrap_sizes_tmpfs():
+            return None
+        if self._scratch is not None:
+            self._scratch.close()
+        self._scratch = Workspace(prefix="harnessrl-scratch-", quota_mb=self.limits.memory_mb)
+        for name in ("tmp", "shm"):
+            (self._scratch.root / name).mkdir(mode=0o1777)
+            os.chmod(self._scratch.root / name, 0o1777)  # as /tmp is; mkdir's mode is masked
+        os.chmod(self._scratch.root, 0o755)
+        if self._host_uid is not None:
+            give_tree(str(self._scratch.root), self._host_uid)
+        return str(self._scratch.root)
+
+    def close(self) -> None:
+        super().close()
+        if self._scratch is not None:
+            self._scratch.close()
 
 
 class _UnshareSandbox(ServerSandbox):

@@ -179,7 +179,15 @@ def _bwrap_options() -> frozenset[str]:
     return frozenset(word for word in text.split() if word.startswith("--"))
 
 
-def bwrap_argv(plan: list[tuple[str, ...]], tmp_bytes: int) -> list[str]:
+def bwrap_sizes_tmpfs() -> bool:
+    """Whether this bwrap sizes the tmpfs it mounts (``--size``: bubblewrap 0.8.0 and later)."""
+    return "--size" in _bwrap_options()
+
+
+def bwrap_argv(plan: list[tuple[str, ...]], tmp_bytes: int, scratch: str | None = None) -> list[str]:
+    """The bwrap argv of ``plan``: the private ``/tmp`` and ``/dev/shm`` are tmpfs of ``tmp_bytes``
+    each, or, with ``scratch`` (for a bwrap without ``--size``), its host folders ``tmp`` and
+    ``shm`` bound there (``backends._BwrapSandbox`` sizes them)."""
     options = _bwrap_options()
     argv = [
         "bwrap", "--unshare-user", "--uid", "0", "--gid", "0",
@@ -190,6 +198,7 @@ def bwrap_argv(plan: list[tuple[str, ...]], tmp_bytes: int) -> list[str]:
         argv.append("--unshare-cgroup-try")
     if "--disable-userns" in options:
         argv.append("--disable-userns")
+    size = ["--size", str(tmp_bytes)] if "--size" in options else []
     for step in plan:
         kind = step[0]
         if kind == "ro":
@@ -208,12 +217,10 @@ def bwrap_argv(plan: list[tuple[str, ...]], tmp_bytes: int) -> list[str]:
             argv += ["--proc", step[1]]
         elif kind == "dev":
             # /dev itself read-only; /dev/shm a private writable tmpfs (POSIX semaphores need it).
-            size = ["--size", str(tmp_bytes)] if "--size" in options else []
-            argv += ["--dev", step[1], *size, "--tmpfs", step[1] + "/shm", "--remount-ro", step[1]]
+            shm = ["--bind", os.path.join(scratch, "shm")] if scratch else [*size, "--tmpfs"]
+            argv += ["--dev", step[1], *shm, step[1] + "/shm", "--remount-ro", step[1]]
         elif kind == "tmp":
-            if "--size" in options:
-                argv += ["--size", str(tmp_bytes)]
-            argv += ["--tmpfs", step[1]]
+            argv += ["--bind", os.path.join(scratch, "tmp"), step[1]] if scratch else [*size, "--tmpfs", step[1]]
     argv += ["--remount-ro", "/", "--chdir", WORKSPACE_MOUNT, "--"]
     return argv
 

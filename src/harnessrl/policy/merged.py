@@ -5,9 +5,10 @@ plain model beside a PEFT LoRA model) hands that copy the trained weights after 
 step. For a plain model they are its parameters; for a PEFT LoRA model they are the base
 model's with each adapted layer's ``scale * B @ A`` added, under the base model's own parameter
 names (``...q_proj.base_layer.weight`` is the copy's ``...q_proj.weight``). Sampling through the
-merged copy instead of through the adapters runs the packed, fused linear layers of
-``policy/hf.py`` (about 3x the episodes per second of the unmerged model on this project's CPU,
-``docs/benchmarks.md``), and never changes the master weights: the adapters stay unmerged.
+merged copy instead of through the adapters runs one packed linear layer per projection of
+``policy/hf.py`` (1.1-1.3x the tokens per second in float32 on this project's CPU,
+``benchmarks/bench_lora_rollout.py``), in the trainer's rollout dtype, and never changes the
+master weights: the adapters stay unmerged.
 """
 
 from __future__ import annotations

@@ -63,7 +63,8 @@ class Actor:
         # The rollout copy is the trained model itself only for full fine-tuning in float32 on one
         # process. LoRA trains a model of its own (its frozen base in the run's dtype: float32 on a
         # CPU, bfloat16 on CUDA) and the rollout copy takes its adapters merged after every step
-        # (policy.merged): sampling through unmerged adapters ran at about a third of the speed.
+        # (policy.merged), in the same precision as full fine-tuning's (before, LoRA sampled
+        # through its unmerged adapters in float32, and an RL arm in another precision than its control).
         if self.model is None or cfg.lora_rank or rollout_dtype != torch.float32 or shard:
             from transformers import AutoModelForCausalLM
 

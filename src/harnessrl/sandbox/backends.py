@@ -54,8 +54,8 @@ class _BwrapSandbox(ServerSandbox):
             self._scratch.close()
         self._scratch = Workspace(prefix="harnessrl-scratch-", quota_mb=self.limits.memory_mb)
         for name in ("tmp", "shm"):
-            (self._scratch.root / name).mkdir(mode=0o1777)
-            os.chmod(self._scratch.root / name, 0o1777)  # as /tmp is; mkdir's mode is masked
+            (self._scratch.root / name).mkdir()
+            os.chmod(self._scratch.root / name, 0o1777)  # as /tmp is
         os.chmod(self._scratch.root, 0o755)
         if self._host_uid is not None:
             give_tree(str(self._scratch.root), self._host_uid)

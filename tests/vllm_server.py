@@ -9,9 +9,7 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,27 +44,13 @@ def vllm_python() -> Path | None:
     return python if probe.returncode == 0 else None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _healthy(base: str) -> bool:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(base + "/health", timeout=5) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 @contextlib.contextmanager
 def started_vllm_server(workdir: Path):
-    """Starts the server on a copy of the embedded folder under ``workdir``; yields a
-    ``VLLMServer`` once ``/health`` answers; stops it on exit."""
+    """Starts the server on a copy of the embedded folder under ``workdir``
+    (``policy.vllm_cpu.running_vllm_server``); yields a ``VLLMServer`` once ``/health`` answers;
+    stops it on exit."""
     from harnessrl.policy.embedded import embedded_model_dir
-    from harnessrl.policy.vllm_cpu import vllm_server_command, vllm_server_env
+    from harnessrl.policy.vllm_cpu import VLLMServerError, running_vllm_server
 
     if os.environ.get("HARNESSRL_VLLM_URL"):  # a server already running (started as docs/policy_server.md says)
         base = os.environ["HARNESSRL_VLLM_URL"].rstrip("/").removesuffix("/v1")
@@ -81,28 +65,13 @@ def started_vllm_server(workdir: Path):
         pytest.skip(message)
     model_dir = workdir / "served-model"
     shutil.copytree(embedded_model_dir(), model_dir)
-    port = _free_port()
-    log_path = workdir / "vllm-server.log"
-    command = vllm_server_command(python, model_dir, port=port, max_model_len=MAX_MODEL_LEN)
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=vllm_server_env(),
-                                   cwd=workdir, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not _healthy(base):
-            if process.poll() is not None or time.monotonic() > deadline:
-                tail = log_path.read_text(errors="replace")[-3000:]
-                pytest.fail(f"the vLLM server did not start (exit {process.poll()}):\n{tail}")
-            time.sleep(2)
-        yield VLLMServer(base + "/v1", "embedded", model_dir, log_path)
-    finally:
-        process.terminate()
+    with contextlib.ExitStack() as stack:
         try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            running = stack.enter_context(running_vllm_server(
+                python, model_dir, workdir / "vllm-server.log", max_model_len=MAX_MODEL_LEN, timeout_s=START_TIMEOUT_S))
+        except VLLMServerError as exc:
+            pytest.fail(str(exc))
+        yield VLLMServer(running.base_url, running.model, running.model_dir, running.log_path)
 
 
 def server_models(server: VLLMServer) -> dict:

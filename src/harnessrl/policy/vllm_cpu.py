@@ -26,7 +26,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -179,17 +184,88 @@ def vllm_server_command(
     ]
 
 
-def vllm_server_env(kv_cache_gib: int = 1) -> dict[str, str]:
+def vllm_server_env(kv_cache_gib: int = 1, threads: int | None = None) -> dict[str, str]:
     """Returns the environment of a vLLM CPU server: offline, ``VLLM_SERVER_DEV_MODE=1`` (it
     opens ``/reset_prefix_cache`` and ``/collective_rpc``, which weight sync needs), a KV
-    cache of ``kv_cache_gib`` GiB (the default reserves far more than a shared machine has) and
-    ``WORKER_EXTENSION_DIR`` as its only ``PYTHONPATH``."""
+    cache of ``kv_cache_gib`` GiB (the default reserves far more than a shared machine has),
+    ``WORKER_EXTENSION_DIR`` as its only ``PYTHONPATH`` and, with ``threads``, its OpenMP
+    threads bound to cores ``0..threads-1`` (``VLLM_CPU_OMP_THREADS_BIND``; vLLM's default,
+    ``auto``, picks its own)."""
     env = dict(os.environ)
     env.update({
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1",
         "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
     })
+    if threads is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "0" if threads == 1 else f"0-{threads - 1}"
     # The server's own environment plus the extension's folder (only that folder: the project's
     # sources are not meant for the server's interpreter and its pinned transformers).
     env["PYTHONPATH"] = str(WORKER_EXTENSION_DIR)
     return env
+
+
+class VLLMServerError(RuntimeError):
+    """The vLLM server exited or did not answer ``/health`` in time (the message ends with its log)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def server_healthy(base: str) -> bool:
+    """Whether ``base`` (``http://host:port``, no ``/v1``) answers ``GET /health`` with 200."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(base + "/health", timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@dataclass
+class RunningVLLMServer:
+    """A server started by ``running_vllm_server``: its base URL (``.../v1``), served model name,
+    the folder it serves (weight sync writes there), its log, process and start-up seconds."""
+
+    base_url: str
+    model: str
+    model_dir: Path
+    log_path: Path
+    process: subprocess.Popen[bytes]
+    startup_s: float
+
+
+@contextlib.contextmanager
+def running_vllm_server(
+    python: str | os.PathLike[str], model_dir: str | os.PathLike[str], log_path: str | os.PathLike[str], *,
+    max_model_len: int = 2048, threads: int | None = None, kv_cache_gib: int = 1, timeout_s: float = 900.0,
+) -> Iterator[RunningVLLMServer]:
+    """Starts ``vllm_server_command`` (served name ``embedded``) on a free port of 127.0.0.1 with
+    ``vllm_server_env(kv_cache_gib, threads)``, its output in ``log_path``; yields it once ``/health``
+    answers (about 1.5 minutes for the embedded model on 2 cores) and stops it on exit (SIGTERM,
+    then SIGKILL after 30 s). Raises ``VLLMServerError`` with the log's tail if it exits or does
+    not answer within ``timeout_s``."""
+    port, log_path = _free_port(), Path(log_path)
+    command = vllm_server_command(python, model_dir, port=port, max_model_len=max_model_len)
+    started = time.monotonic()
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=vllm_server_env(kv_cache_gib, threads),
+                                   cwd=log_path.parent, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        while not server_healthy(base):
+            if process.poll() is not None or time.monotonic() - started > timeout_s:
+                tail = log_path.read_text(errors="replace")[-3000:]
+                raise VLLMServerError(f"the vLLM server did not start (exit {process.poll()}):\n{tail}")
+            time.sleep(2)
+        yield RunningVLLMServer(base + "/v1", "embedded", Path(model_dir), log_path, process,
+                                time.monotonic() - started)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

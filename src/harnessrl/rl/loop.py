@@ -16,6 +16,7 @@ started by SFT on oracle demonstrations rendered under the training harnesses (r
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -284,17 +285,15 @@ class Trainer:
     def summary(self) -> dict[str, Any]:
         """Returns the run's summary: base vs trained Pass@1 per evaluation set (``rl.summary``)."""
         return run_summary(self.state, run_dir=str(self.run_dir), steps=self.cfg.steps, design=self.design.kind,
-                           algorithm=self.cfg.algorithm, train_configs=self.design.codes,
-                           held_out=[c.code for c in self.held_out.configs],
-                           eval_tasks=[t.id for t in self.eval_tasks], precision=self.actor.precision)
+                           algorithm=self.cfg.algorithm, train_configs=self.design.codes, precision=self.actor.precision,
+                           held_out=[c.code for c in self.held_out.configs], eval_tasks=[t.id for t in self.eval_tasks])
 
 
 def train(cfg: TrainConfig, resume: bool = False, log: Logger = print) -> dict[str, Any]:
     """Runs (or resumes) a training run and returns its summary."""
-    trainer, ok = Trainer(cfg, resume=resume, log=log), False
+    trainer = Trainer(cfg, resume=resume, log=log)
     try:
-        summary, ok = trainer.run(), True
-        return summary
+        return trainer.run()
     finally:
-        if trainer.parallel is not None:
-            trainer.parallel.close(ok=ok)
+        if trainer.parallel is not None:  # ranks meet before closing only after a run that ended well
+            trainer.parallel.close(ok=sys.exc_info()[0] is None)

@@ -130,7 +130,9 @@ class ServedTrainingPolicy(WeightSyncedPolicy):
         """Writes ``trained`` into the served folder, has the server reload it, drops its prefix
         cache and checks that it now computes what ``trained`` computes; raises
         ``WeightSyncError`` otherwise."""
-        if hasattr(trained, "peft_config"):
+        from harnessrl.policy.merged import is_lora_model  # imports torch: only when syncing
+
+        if is_lora_model(trained):
             raise WeightSyncError(
                 "LoRA training cannot roll out through a policy server here: vLLM's CPU backend loads no "
                 "adapters; train full weights (lora_rank 0) or roll out in process"

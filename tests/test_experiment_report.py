@@ -300,6 +300,11 @@ def test_shared_warm_start_sft_only_control_and_paired_tests(tmp_path, tiny_mode
             assert cell["wins"] + cell["losses"] + cell["ties"] == cell["units"]
             assert 0.0 <= cell["sign_test_p"] <= 1.0
         assert paired["in_space"]["difference"] == pytest.approx(arms[name]["in_space"] - arms["single"]["in_space"])
+        # the same pairs split by task family add up to the whole
+        families = arms[name]["paired_by_family"]
+        for side in ("in_space", "out_of_space"):
+            for count in ("units", "wins", "losses"):
+                assert sum(c[side][count] for c in families.values() if side in c) == paired[side][count]
     def movement(model_dir, start_dir):  # over the parameters (the tied embedding once), in float64
         moved = dict(transformers.AutoModelForCausalLM.from_pretrained(model_dir).named_parameters())
         start = dict(transformers.AutoModelForCausalLM.from_pretrained(start_dir).named_parameters())
@@ -318,12 +323,37 @@ def test_shared_warm_start_sft_only_control_and_paired_tests(tmp_path, tiny_mode
     table = (out / "comparison.md").read_text()
     assert "What RL taught each run" in table
     assert "Paired against single" in table and "| sft-only | SFT-only control |" in table
+    assert "The same pairs per task family" in table
+    assert "Paired against single, per task family" in (out / "report" / "index.html").read_text()
     assert "shared SFT warm start per seed (1 steps on 1 demonstrations under the orthogonal design)" in table
     assert "model each seed's warm start (warm-start/seed<S>/)" in table and "seed5/checkpoints" not in table
     # a second run finds the warm starts and every arm done
     lines.clear()
     run_experiment(spec, out, log=lines.append)
     assert sum("skipped" in line for line in lines) == 6 and not any("SFT warm start" in line for line in lines)
+
+
+def test_paired_comparison_per_task_family_shows_a_trade_the_overall_difference_hides():
+    """An arm that wins every search unit and loses as many text units ties overall; per family
+    the trade shows, and each family's pairs keep their own counts."""
+    from harnessrl.experiment.compare import family_rows, paired_by_family, task_families
+
+    search, text = "ws-test-search-2-0", "ws-test-text-4-0"
+    families = task_families("workspace", {search, text, "ws-test-nosuchfamily-1-0"})
+    assert families[search] == "search" and families[text] == "text"
+    assert families["ws-test-nosuchfamily-1-0"] == "?"  # an id the suite does not have
+    assert task_families("no-such-suite", {search}) == {}
+    harnesses = [f"S{i}-T0-O0-C0-W0" for i in range(3)]
+    control = {(0, task, h): 0.5 for task in (search, text) for h in harnesses}
+    arm = {**{(0, search, h): 1.0 for h in harnesses}, **{(0, text, h): 0.0 for h in harnesses}}
+    split = paired_by_family({"in_space": arm}, {"in_space": control}, families)
+    assert set(split) == {"search", "text"}  # no units, no row
+    assert split["search"]["in_space"]["wins"] == 3 and split["search"]["in_space"]["losses"] == 0
+    assert split["text"]["in_space"]["losses"] == 3 and split["text"]["in_space"]["difference"] == pytest.approx(-0.5)
+    assert "out_of_space" not in split["search"]
+    headers, rows = family_rows({"arms": [{"arm": "rl", "paired_by_family": split}]})
+    assert [row[:2] for row in rows] == [["rl", "search"], ["rl", "text"]]
+    assert rows[0][headers.index("won/lost")] == "3/0" and rows[1][headers.index("won/lost")] == "0/3"
 
 
 def test_report_command_rebuilds_an_experiment_report(tmp_path, tiny_model):

@@ -1,6 +1,6 @@
 """Comparing the finished arms of an experiment: the paper-shaped table (in-space,
 out-of-space, overall, gains with intervals), paired tests against the reference arm on the
-same evaluation units, and the HTML/Markdown report."""
+same evaluation units (overall and per task family), and the HTML/Markdown report."""
 
 from __future__ import annotations
 
@@ -88,6 +88,7 @@ def compare(out_dir: str | Path) -> dict[str, Any]:
                            ("first_pass", "sampling", "rescue", "validation", "vs_grpo", "valid_group_ratio",
                             "effective_token_ratio", "rescue_success_rate", "rescue_trigger_rate", *COST_FIELDS)}
         row["rollout_through"] = markers[0]["config"].get("rollout_through", "harness")
+        row["suite"] = markers[0]["config"].get("suite", "workspace")
         row["objective"] = markers[0]["config"].get("objective", "rl")
         pooled = []
         for m in markers:
@@ -140,6 +141,11 @@ def compare(out_dir: str | Path) -> dict[str, Any]:
             base = {**{("in", *u): v for u, v in theirs.get("in_space", {}).items()},
                     **{("out", *u): v for u, v in theirs.get("out_of_space", {}).items()}}
             row["paired"]["all"] = paired_comparison(both, base)
+            # Per task family: an arm can gain on one family and lose another (on cpu_learn, RL
+            # taught one family's procedure and the others' plans turned to it), which the
+            # overall difference hides.
+            row["paired_by_family"] = paired_by_family(
+                mine, theirs, task_families(row["suite"], {u[1] for side in mine.values() for u in side}))
     result = {"name": spec["name"], "reference": reference, "budget": meta["budget"],
               "warm_start": meta.get("warm_start"), "seeds": spec["seeds"],
               "eval": spec["eval"], "arms": list(rows.values()),
@@ -148,6 +154,41 @@ def compare(out_dir: str | Path) -> dict[str, Any]:
     write_json_atomic(out / "comparison.json", result)
     (out / "comparison.md").write_text(comparison_markdown(result), encoding="utf-8")
     return result
+
+
+def task_families(suite: str, task_ids: set[str]) -> dict[str, str]:
+    """Returns task id -> the task's family in ``suite`` ("?" for an id the suite no longer
+    has, e.g. a task file edited since the run; {} when the suite cannot be loaded here)."""
+    from harnessrl.tasks.suite import find_suite
+
+    try:
+        tasks = find_suite(suite)
+    except (ValueError, TypeError, OSError, ImportError):
+        return {}
+    families = {}
+    for task_id in sorted(task_ids):
+        try:
+            families[task_id] = tasks.get(task_id).family
+        except KeyError:
+            families[task_id] = "?"
+    return families
+
+
+def paired_by_family(mine: dict[str, dict[tuple[Any, ...], float]], theirs: dict[str, dict[tuple[Any, ...], float]],
+                     families: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Returns family -> {side: the paired comparison on that family's units of that side}
+    (units keyed ``(seed, task, harness)``, as in ``compare``); sides without units are left out."""
+    from harnessrl.eval.metrics import paired_comparison
+
+    out: dict[str, dict[str, Any]] = {}
+    for family in sorted(set(families.values())):
+        for side in ("in_space", "out_of_space"):
+            keep = [{u: v for u, v in units.get(side, {}).items() if families.get(u[1]) == family}
+                    for units in (mine, theirs)]
+            cell = paired_comparison(*keep)
+            if cell["units"]:
+                out.setdefault(family, {})[side] = cell
+    return out
 
 
 def learned(out: Path, arm: str, marker: dict[str, Any]) -> dict[str, Any]:
@@ -286,6 +327,27 @@ def paired_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
+def family_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Returns the paired table per task family: per arm and family, each side's units, mean
+    difference with its paired 95% interval, and units won / lost."""
+    from harnessrl.eval.report import pct_ci, signed
+
+    headers = ["arm", "task family"]
+    for side in ("in-space", "out-of-space"):
+        headers += [f"{side} units", "diff", "paired 95% CI", "won/lost"]
+    rows = []
+    for r in result["arms"]:
+        for family, sides in (r.get("paired_by_family") or {}).items():
+            row = [r["arm"], family]
+            for side in ("in_space", "out_of_space"):
+                cell = sides.get(side)
+                row += ["0", "-", "-", "-"] if cell is None else [
+                    str(cell["units"]), signed(cell["difference"]), pct_ci(cell["difference_ci"]),
+                    f"{cell['wins']}/{cell['losses']}"]
+            rows.append(row)
+    return headers, rows
+
+
 def budget_line(result: dict[str, Any]) -> str:
     """Returns the one-paragraph statement of the budget every arm ran under."""
     b, warm = result["budget"], result.get("warm_start")
@@ -312,6 +374,11 @@ def comparison_markdown(result: dict[str, Any]) -> str:
     if rows:
         lines += ["", f"Paired against {result['reference']} on the same (seed, task, harness) units "
                   "(difference in Pass@1 points; paired bootstrap interval; exact sign test):", "",
+                  "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+        lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    headers, rows = family_rows(result)
+    if rows:
+        lines += ["", "The same pairs per task family (a gain on one family can hide a loss on another):", "",
                   "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
         lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     headers, rows = learning_rows(result)
@@ -389,6 +456,11 @@ def write_experiment_report(out_dir: str | Path) -> Path:
         doc.heading(f"Paired against {result['reference']}")
         doc.para("Difference in Pass@1 points on the same (seed, task, harness) units, its paired bootstrap "
                  "interval, units won / lost, and the exact sign test.")
+        doc.table(headers, rows)
+    headers, rows = family_rows(result)
+    if rows:
+        doc.heading(f"Paired against {result['reference']}, per task family")
+        doc.para("The same pairs split by the family of their task: a gain on one family can hide a loss on another.")
         doc.table(headers, rows)
     headers, rows = learning_rows(result)
     if rows:

@@ -61,10 +61,6 @@ def compare(out_dir: str | Path) -> dict[str, Any]:
     """Returns the comparison of the finished arms of an experiment folder: per arm, Pass@1
     in-space / out-of-space / overall (mean over seeds, pooled 95% interval) and the gain
     over the reference arm."""
-    from harnessrl.eval.evaluate import score_trajectories
-    from harnessrl.eval.metrics import bootstrap_ci_mean_of_means, paired_comparison
-    from harnessrl.trajectory import load_jsonl
-
     out = Path(out_dir)
     meta = json.loads((out / "experiment.json").read_text(encoding="utf-8"))
     spec = meta["spec"]
@@ -74,54 +70,8 @@ def compare(out_dir: str | Path) -> dict[str, Any]:
     units: dict[str, dict[str, dict[tuple[Any, ...], float]]] = {}  # arm -> group -> (seed, task, harness) -> Pass@1
     for arm in spec["arms"]:
         markers = finished.get(arm["name"], [])
-        if not markers:
-            continue
-        row: dict[str, Any] = {"arm": arm["name"], "description": arm.get("description", ""),
-                               "design": markers[0]["config"]["design"], "train_configs": len(markers[0]["train_configs"]),
-                               "pairing": markers[0]["config"]["pairing"], "k": markers[0]["config"]["k"],
-                               "rescue": markers[0]["config"].get("rescue", "none"),
-                               "router": markers[0]["config"].get("router"),
-                               "seeds": [m["seed"] for m in markers]}
-        # recounted from each run's metrics, so a folder written by an older count is read right
-        spent = [executor_rollouts(out / "arms" / f"{arm['name']}-seed{m['seed']}") for m in markers]
-        row["rollouts"] = {key: _mean([s.get(key) for s in spent]) for key in
-                           ("first_pass", "sampling", "rescue", "validation", "vs_grpo", "valid_group_ratio",
-                            "effective_token_ratio", "rescue_success_rate", "rescue_trigger_rate", *COST_FIELDS)}
-        row["rollout_through"] = markers[0]["config"].get("rollout_through", "harness")
-        row["suite"] = markers[0]["config"].get("suite", "workspace")
-        row["objective"] = markers[0]["config"].get("objective", "rl")
-        pooled = []
-        for m in markers:
-            path = out / "arms" / f"{arm['name']}-seed{m['seed']}" / "eval" / "experiment.jsonl"
-            runs = load_jsonl(path) if path.exists() else []
-            pooled += runs
-            # the paired sides: an external agent program counts on the out-of-space side
-            for group, names in (("in_space", ("in_space",)), ("out_of_space", ("out_of_space", "external"))):
-                units.setdefault(arm["name"], {}).setdefault(group, {}).update(
-                    {(m["seed"], *unit): score for unit, score in unit_table(runs, groups, *names).items()})
-        row["control"] = arm.get("control")
-        pooled_scores = score_trajectories(pooled, spec["eval"]["k"], groups).to_dict() if pooled else {"per_group": {}}
-        for group in ("in_space", "out_of_space", "external"):
-            values = [m["results"]["per_group"][group]["pass_at_1"] for m in markers if group in m["results"]["per_group"]]
-            row[group] = float(np.mean(values)) if values else None
-            row[f"{group}_seed_std"] = float(np.std(values)) if len(values) > 1 else None
-            row[f"{group}_ci"] = pooled_scores["per_group"].get(group, {}).get("pass_at_1_ci")
-        # The training configurations themselves (H0 for a single-harness design): Pass@k and
-        # Avg@k under them, Harness-S's protocol (Pass@3 / Avg@3 under H0).
-        train_scores = pooled_scores["per_group"].get("train", {})
-        row["train_pass_at_k"], row["train_avg_at_k"] = train_scores.get("pass_at_k"), train_scores.get("avg_at_k")
-        # Overall: in-space and out of it (the paper's overall averages in-space and Claude Code;
-        # an external agent program is out of the space, so it joins the out-of-space side).
-        outside = [row[g] for g in ("out_of_space", "external") if row[g] is not None]
-        parts = [v for v in (row["in_space"], float(np.mean(outside)) if outside else None) if v is not None]
-        row["overall"] = float(np.mean(parts)) if parts else None
-        row["overall_ci"] = list(bootstrap_ci_mean_of_means(
-            [unit_scores(pooled, groups, "in_space"),
-             unit_scores(pooled, groups, "out_of_space") + unit_scores(pooled, groups, "external")])) if pooled else None
-        row["behaviour"] = {name: cell["rate"] for name, cell in pooled_scores.get("behaviour", {}).get("overall", {}).items()}
-        row["wall_time_s"] = sum(m.get("wall_time_s", 0.0) for m in markers)
-        row["learning"] = None if arm.get("control") else [learned(out, arm["name"], m) for m in markers]
-        rows[arm["name"]] = row
+        if markers:
+            rows[arm["name"]], units[arm["name"]] = arm_row(out, spec, arm, markers, groups)
     reference = spec.get("reference") or spec["arms"][0]["name"]
     ref = rows.get(reference)
     for row in rows.values():
@@ -130,22 +80,10 @@ def compare(out_dir: str | Path) -> dict[str, Any]:
             if ref is not None and row[key] is not None and ref[key] is not None:
                 gain = row[key] - ref[key]
             row[f"gain_{key}"] = gain
-        # Paired on the same (seed, task, harness) units: the test of a gain (see the module docstring).
-        mine, theirs = units.get(row["arm"], {}), units.get(reference, {})
-        row["paired"] = None if ref is None or row["arm"] == reference else {
-            group: paired_comparison(mine.get(group, {}), theirs.get(group, {}))
-            for group in ("in_space", "out_of_space")}
-        if row["paired"] is not None:
-            both = {**{("in", *u): v for u, v in mine.get("in_space", {}).items()},
-                    **{("out", *u): v for u, v in mine.get("out_of_space", {}).items()}}
-            base = {**{("in", *u): v for u, v in theirs.get("in_space", {}).items()},
-                    **{("out", *u): v for u, v in theirs.get("out_of_space", {}).items()}}
-            row["paired"]["all"] = paired_comparison(both, base)
-            # Per task family: an arm can gain on one family and lose another (on cpu_learn, RL
-            # taught one family's procedure and the others' plans turned to it), which the
-            # overall difference hides.
-            row["paired_by_family"] = paired_by_family(
-                mine, theirs, task_families(row["suite"], {u[1] for side in mine.values() for u in side}))
+        if ref is not None and row["arm"] != reference:
+            pair_with_reference(row, units.get(row["arm"], {}), units.get(reference, {}))
+        else:
+            row["paired"] = None
     result = {"name": spec["name"], "reference": reference, "budget": meta["budget"],
               "warm_start": meta.get("warm_start"), "seeds": spec["seeds"],
               "eval": spec["eval"], "arms": list(rows.values()),
@@ -154,6 +92,83 @@ def compare(out_dir: str | Path) -> dict[str, Any]:
     write_json_atomic(out / "comparison.json", result)
     (out / "comparison.md").write_text(comparison_markdown(result), encoding="utf-8")
     return result
+
+
+def arm_row(out: Path, spec: dict[str, Any], arm: dict[str, Any], markers: list[dict[str, Any]],
+            groups: dict[str, str]) -> tuple[dict[str, Any], dict[str, dict[tuple[Any, ...], float]]]:
+    """Returns one arm's row of the comparison (its seeds' ``markers``: Pass@1 per evaluation
+    group with pooled intervals, rollouts and tokens spent, behaviours, what RL taught) and its
+    units, side -> (seed, task, harness) -> Pass@1, for the paired tests."""
+    from harnessrl.eval.evaluate import score_trajectories
+    from harnessrl.eval.metrics import bootstrap_ci_mean_of_means
+    from harnessrl.trajectory import load_jsonl
+
+    config = markers[0]["config"]
+    row: dict[str, Any] = {"arm": arm["name"], "description": arm.get("description", ""),
+                           "design": config["design"], "train_configs": len(markers[0]["train_configs"]),
+                           "pairing": config["pairing"], "k": config["k"], "rescue": config.get("rescue", "none"),
+                           "router": config.get("router"), "seeds": [m["seed"] for m in markers]}
+    # recounted from each run's metrics, so a folder written by an older count is read right
+    spent = [executor_rollouts(out / "arms" / f"{arm['name']}-seed{m['seed']}") for m in markers]
+    row["rollouts"] = {key: _mean([s.get(key) for s in spent]) for key in
+                       ("first_pass", "sampling", "rescue", "validation", "vs_grpo", "valid_group_ratio",
+                        "effective_token_ratio", "rescue_success_rate", "rescue_trigger_rate", *COST_FIELDS)}
+    row["rollout_through"] = config.get("rollout_through", "harness")
+    row["suite"] = config.get("suite", "workspace")
+    row["objective"] = config.get("objective", "rl")
+    pooled = []
+    units: dict[str, dict[tuple[Any, ...], float]] = {}
+    for m in markers:
+        path = out / "arms" / f"{arm['name']}-seed{m['seed']}" / "eval" / "experiment.jsonl"
+        runs = load_jsonl(path) if path.exists() else []
+        pooled += runs
+        # the paired sides: an external agent program counts on the out-of-space side
+        for group, names in (("in_space", ("in_space",)), ("out_of_space", ("out_of_space", "external"))):
+            units.setdefault(group, {}).update(
+                {(m["seed"], *unit): score for unit, score in unit_table(runs, groups, *names).items()})
+    row["control"] = arm.get("control")
+    pooled_scores = score_trajectories(pooled, spec["eval"]["k"], groups).to_dict() if pooled else {"per_group": {}}
+    for group in ("in_space", "out_of_space", "external"):
+        values = [m["results"]["per_group"][group]["pass_at_1"] for m in markers if group in m["results"]["per_group"]]
+        row[group] = float(np.mean(values)) if values else None
+        row[f"{group}_seed_std"] = float(np.std(values)) if len(values) > 1 else None
+        row[f"{group}_ci"] = pooled_scores["per_group"].get(group, {}).get("pass_at_1_ci")
+    # The training configurations themselves (H0 for a single-harness design): Pass@k and
+    # Avg@k under them, Harness-S's protocol (Pass@3 / Avg@3 under H0).
+    train_scores = pooled_scores["per_group"].get("train", {})
+    row["train_pass_at_k"], row["train_avg_at_k"] = train_scores.get("pass_at_k"), train_scores.get("avg_at_k")
+    # Overall: in-space and out of it (the paper's overall averages in-space and Claude Code;
+    # an external agent program is out of the space, so it joins the out-of-space side).
+    outside = [row[g] for g in ("out_of_space", "external") if row[g] is not None]
+    parts = [v for v in (row["in_space"], float(np.mean(outside)) if outside else None) if v is not None]
+    row["overall"] = float(np.mean(parts)) if parts else None
+    row["overall_ci"] = list(bootstrap_ci_mean_of_means(
+        [unit_scores(pooled, groups, "in_space"),
+         unit_scores(pooled, groups, "out_of_space") + unit_scores(pooled, groups, "external")])) if pooled else None
+    row["behaviour"] = {name: cell["rate"] for name, cell in pooled_scores.get("behaviour", {}).get("overall", {}).items()}
+    row["wall_time_s"] = sum(m.get("wall_time_s", 0.0) for m in markers)
+    row["learning"] = None if arm.get("control") else [learned(out, arm["name"], m) for m in markers]
+    return row, units
+
+
+def pair_with_reference(row: dict[str, Any], mine: dict[str, dict[tuple[Any, ...], float]],
+                        theirs: dict[str, dict[tuple[Any, ...], float]]) -> None:
+    """Sets ``row["paired"]``: the arm against the reference on the same (seed, task, harness)
+    units (the test of a gain, see the module docstring), in-space, out-of-space and all
+    together; and ``row["paired_by_family"]``, the same pairs per task family."""
+    from harnessrl.eval.metrics import paired_comparison
+
+    row["paired"] = {group: paired_comparison(mine.get(group, {}), theirs.get(group, {}))
+                     for group in ("in_space", "out_of_space")}
+    both = {(side, *u): v for side, group in (("in", "in_space"), ("out", "out_of_space"))
+            for u, v in mine.get(group, {}).items()}
+    base = {(side, *u): v for side, group in (("in", "in_space"), ("out", "out_of_space"))
+            for u, v in theirs.get(group, {}).items()}
+    row["paired"]["all"] = paired_comparison(both, base)
+    # Per task family: an arm can gain on one family and lose another (on cpu_learn, RL taught
+    # one family's procedure and the others' plans turned to it), which the overall difference hides.
+    row["paired_by_family"] = paired_by_family(
+        mine, theirs, task_families(row["suite"], {u[1] for side in mine.values() for u in side}))
 
 
 def task_families(suite: str, task_ids: set[str]) -> dict[str, str]:
@@ -424,30 +439,10 @@ def learning_series(out: Path, arms: list[dict[str, Any]]) -> tuple[dict[str, li
     return series, held_out, control
 
 
-def write_experiment_report(out_dir: str | Path) -> Path:
-    """(Re)builds DIR/report/ of an experiment: the comparison table, bars, learning curves,
-    per-level heatmaps and distance curves per arm, behaviours, sample transcripts."""
-    from harnessrl.eval.behaviour import BEHAVIOURS
-    from harnessrl.eval.report import (
-        Doc,
-        curve_keys,
-        eval_sections,
-        make_decoder,
-        pct,
-        plot_distance,
-        plot_learning_curves,
-        plot_level_heatmap,
-        pyplot,
-    )
-    from harnessrl.trajectory import load_jsonl
+def report_tables(doc: Any, result: dict[str, Any]) -> None:
+    """Adds the comparison's tables to the experiment report ``doc``: the main table, the paired
+    tests against the reference arm (overall and per task family), and what RL taught."""
 
-    out = Path(out_dir)
-    result = compare(out)
-    spec = json.loads((out / "experiment.json").read_text(encoding="utf-8"))["spec"]
-    doc = Doc(f"Experiment {result['name']}", out / "report")
-    if spec.get("description"):
-        doc.para(spec["description"])
-    doc.para(budget_line(result))
     doc.heading("Comparison")
     headers, rows = comparison_rows(result)
     doc.table(headers, rows)
@@ -471,25 +466,59 @@ def write_experiment_report(out_dir: str | Path) -> Path:
         doc.table(headers, rows)
     if result["missing"]:
         doc.para(f"Not finished yet: {', '.join(result['missing'])}.")
+
+
+def comparison_figure(arms: list[dict[str, Any]]) -> Any:
+    """Returns the bar chart of Pass@1 per arm: in-space, out-of-space (with their pooled 95%
+    intervals) and overall."""
+    from harnessrl.eval.report import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(arms) + 2), 3.6))
+    xs = np.arange(len(arms))
+    for offset, key, colour in ((-0.27, "in_space", "#1e88e5"), (0.0, "out_of_space", "#fb8c00"), (0.27, "overall", "#43a047")):
+        values = [100 * (a[key] or 0.0) for a in arms]
+        errors = None
+        if key != "overall":
+            lows = [100 * ((a[f"{key}_ci"] or [a[key] or 0.0])[0]) for a in arms]
+            highs = [100 * ((a[f"{key}_ci"] or [0.0, a[key] or 0.0])[-1]) for a in arms]
+            errors = [[max(0.0, v - lo) for v, lo in zip(values, lows, strict=True)],
+                      [max(0.0, hi - v) for v, hi in zip(values, highs, strict=True)]]
+        ax.bar(xs + offset, values, 0.27, yerr=errors, capsize=3, label=key.replace("_", "-"), color=colour)
+    ax.set_xticks(xs, [a["arm"] for a in arms], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("Pass@1 (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def write_experiment_report(out_dir: str | Path) -> Path:
+    """(Re)builds DIR/report/ of an experiment: the comparison table, bars, learning curves,
+    per-level heatmaps and distance curves per arm, behaviours, sample transcripts."""
+    from harnessrl.eval.behaviour import BEHAVIOURS
+    from harnessrl.eval.report import (
+        Doc,
+        curve_keys,
+        eval_sections,
+        make_decoder,
+        pct,
+        plot_distance,
+        plot_learning_curves,
+        plot_level_heatmap,
+    )
+    from harnessrl.trajectory import load_jsonl
+
+    out = Path(out_dir)
+    result = compare(out)
+    spec = json.loads((out / "experiment.json").read_text(encoding="utf-8"))["spec"]
+    doc = Doc(f"Experiment {result['name']}", out / "report")
+    if spec.get("description"):
+        doc.para(spec["description"])
+    doc.para(budget_line(result))
+    report_tables(doc, result)
     arms = result["arms"]
     if arms:
-        plt = pyplot()
-        fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(arms) + 2), 3.6))
-        xs = np.arange(len(arms))
-        for offset, key, colour in ((-0.27, "in_space", "#1e88e5"), (0.0, "out_of_space", "#fb8c00"), (0.27, "overall", "#43a047")):
-            values = [100 * (a[key] or 0.0) for a in arms]
-            errors = None
-            if key != "overall":
-                lows = [100 * ((a[f"{key}_ci"] or [a[key] or 0.0])[0]) for a in arms]
-                highs = [100 * ((a[f"{key}_ci"] or [0.0, a[key] or 0.0])[-1]) for a in arms]
-                errors = [[max(0.0, v - lo) for v, lo in zip(values, lows, strict=True)],
-                          [max(0.0, hi - v) for v, hi in zip(values, highs, strict=True)]]
-            ax.bar(xs + offset, values, 0.27, yerr=errors, capsize=3, label=key.replace("_", "-"), color=colour)
-        ax.set_xticks(xs, [a["arm"] for a in arms], rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel("Pass@1 (%)")
-        ax.set_ylim(0, 100)
-        ax.legend(fontsize=8)
-        doc.figure("comparison", fig, "Pass@1 per arm (mean over seeds; bars: pooled 95% bootstrap interval)")
+        doc.figure("comparison", comparison_figure(arms), "Pass@1 per arm (mean over seeds; bars: pooled 95% bootstrap interval)")
         series, held_out, control = learning_series(out, arms)
         keys = curve_keys([r for records in series.values() for r in records])
         if keys:  # none until an RL arm has run a step

@@ -319,7 +319,7 @@ def test_shared_warm_start_sft_only_control_and_paired_tests(tmp_path, tiny_mode
             assert entry["moved"] == pytest.approx(movement(final, warm), rel=1e-4, abs=1e-12)  # 0 for a dead step
             assert entry["warm_start_moved"] == pytest.approx(movement(warm, tiny_model), rel=1e-4)
             assert entry["warm_start_moved"] > 0
-            assert entry["reward"] is None  # one RL step: no first and last quarter
+            assert entry["reward"] is None and entry["same_tasks"] is None  # one RL step: no first and last part
     table = (out / "comparison.md").read_text()
     assert "What RL taught each run" in table
     assert "Paired against single" in table and "| sft-only | SFT-only control |" in table

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from harnessrl.experiment.learning import GROUPS_KEY, relative_movement, reward_gain
+from harnessrl.experiment.learning import GROUPS_KEY, relative_movement, reward_gain, same_task_gain
 
 
 def record(step, groups):
@@ -40,6 +40,25 @@ def test_reward_gain_is_none_without_groups_and_its_interval_covers_zero_for_noi
     records = [record(s, [(f"t{s}-{i}", float(rng.integers(0, 2))) for i in range(4)]) for s in range(1, 41)]
     low, high = reward_gain(records)["ci"]
     assert low < 0 < high  # coin flips: no learning to find
+
+
+def test_same_task_gain_holds_the_tasks_fixed_where_the_frontier_moves_to_harder_ones():
+    # The policy learns each task (+0.5 from the first half to the second) while the frontier
+    # swaps the easy new tasks of the first half for hard new ones: the quarter measure sees
+    # nothing, the same-task measure sees the rise on a, b and c.
+    records = [record(s, [("a", 0.25), ("b", 0.0), ("c", 0.25), (f"easy{s}", 0.75)]) for s in range(1, 5)]
+    records += [record(s, [("a", 0.75), ("b", 0.5), ("c", 0.75), (f"hard{s}", 0.0)]) for s in range(5, 9)]
+    assert reward_gain(records)["gain"] == pytest.approx(0.0)  # (0.25+0+0.25+0.75)/4 both sides
+    same = same_task_gain(records)
+    assert same["tasks"] == 3 and same["steps_per_part"] == 4
+    assert same["first"] == pytest.approx(0.5 / 3) and same["last"] == pytest.approx(2.0 / 3)
+    assert same["gain"] == pytest.approx(0.5) and same["ci"] == pytest.approx([0.5, 0.5])
+    records[5][GROUPS_KEY][1][1] = 0.0  # b unlearned in one late group: the interval opens around a lower mean
+    same = same_task_gain(records)
+    assert same["gain"] == pytest.approx((0.5 + 0.375 + 0.5) / 3) and same["ci"][0] < same["gain"] < same["ci"][1]
+    # no task in both halves, or a single step: nothing to pair
+    assert same_task_gain([record(1, [("a", 0.0)]), record(2, [("b", 1.0)])]) is None
+    assert same_task_gain([record(1, [("a", 0.0), ("b", 1.0)])]) is None
 
 
 def write_model(folder, tensors):

@@ -208,17 +208,24 @@ def paired_by_family(mine: dict[str, dict[tuple[Any, ...], float]], theirs: dict
 
 def learned(out: Path, arm: str, marker: dict[str, Any]) -> dict[str, Any]:
     """Returns what RL taught one (arm, seed): the first-pass reward's change from the first
-    quarter of steps to the last (with its interval over tasks), and the weights' relative
-    movement from the model it started from, beside the warm start's own from the base model."""
+    quarter of steps to the last (with its interval over tasks), the same on the tasks drawn in
+    both halves, and the weights' relative movement from the model it started from, beside the
+    warm start's own from the base model."""
     from harnessrl.eval.report import read_jsonl_records
-    from harnessrl.experiment.learning import final_model_dir, relative_movement, reward_gain
+    from harnessrl.experiment.learning import (
+        final_model_dir,
+        relative_movement,
+        reward_gain,
+        same_task_gain,
+    )
     from harnessrl.experiment.spec import warm_start_dir, warm_start_model
 
     run = out / "arms" / f"{arm}-seed{marker['seed']}"
     warm = warm_start_dir(out, marker["seed"]) / "warm_start.json"
     final = final_model_dir(run)
     start = warm_start_model(out, marker["seed"]) if warm.exists() else Path(marker["config"]["model"] or "")
-    row: dict[str, Any] = {"seed": marker["seed"], "reward": reward_gain(read_jsonl_records(run / "metrics.jsonl")),
+    records = read_jsonl_records(run / "metrics.jsonl")
+    row: dict[str, Any] = {"seed": marker["seed"], "reward": reward_gain(records), "same_tasks": same_task_gain(records),
                            "moved": relative_movement(final, start) if final and start.is_dir() else None,
                            "warm_start_moved": None}
     if warm.exists() and start.is_dir():  # the shared warm start against the model it started from
@@ -232,16 +239,20 @@ def learned(out: Path, arm: str, marker: dict[str, Any]) -> dict[str, Any]:
 def learning_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Returns the table of what RL taught each (RL arm, seed): the mean first-pass reward of
     the first and last quarter of steps, their difference with its 95% interval over tasks,
-    and the relative weight movement under RL against the warm start's."""
+    the same difference on the tasks drawn in both halves, and the relative weight movement
+    under RL against the warm start's."""
     headers = ["arm", "seed", "RL steps (per quarter)", "first-pass reward, first quarter", "last quarter",
-               "difference [95% CI over tasks]", "‖W − W_start‖ / ‖W_start‖ (RL)", "(warm start, from the base)"]
+               "difference [95% CI over tasks]", "same tasks, first half → last half [95% CI] (tasks)",
+               "‖W − W_start‖ / ‖W_start‖ (RL)", "(warm start, from the base)"]
     rows = []
     for r in result["arms"]:
         for entry in r.get("learning") or []:
-            gain = entry.get("reward")
+            gain, same = entry.get("reward"), entry.get("same_tasks")
             cells = ["-"] * 4 if gain is None else [
                 f"{gain['steps']} ({gain['steps_per_part']})", f"{gain['first']:.3f}", f"{gain['last']:.3f}",
                 f"{gain['gain']:+.3f} [{gain['ci'][0]:+.3f}, {gain['ci'][1]:+.3f}]"]
+            cells.append("-" if same is None else
+                         f"{same['gain']:+.3f} [{same['ci'][0]:+.3f}, {same['ci'][1]:+.3f}] ({same['tasks']})")
             rows.append([r["arm"], entry["seed"], *cells,
                          *[f"{entry[k]:.2e}" if entry.get(k) is not None else "-" for k in ("moved", "warm_start_moved")]])
     return headers, rows
@@ -399,7 +410,8 @@ def comparison_markdown(result: dict[str, Any]) -> str:
     headers, rows = learning_rows(result)
     if rows:
         lines += ["", "What RL taught each run (first-pass training reward of the first and last quarter of "
-                  "its steps; the weights' relative movement under RL and the warm start's):", "",
+                  "its steps; the same on the tasks drawn in both halves, which the frontier's selection does not "
+                  "move; the weights' relative movement under RL and the warm start's):", "",
                   "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
         lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     if result["missing"]:
@@ -461,7 +473,8 @@ def report_tables(doc: Any, result: dict[str, Any]) -> None:
     if rows:
         doc.heading("What RL taught")
         doc.para("First-pass training reward of the first and last quarter of each run's RL steps (mean over "
-                 "tasks; interval: bootstrap over tasks), and the weights' relative movement under RL against "
+                 "tasks; interval: bootstrap over tasks), the same change on the tasks drawn in both halves "
+                 "(free of the frontier's selection), and the weights' relative movement under RL against "
                  "the warm start's from the base model.")
         doc.table(headers, rows)
     if result["missing"]:

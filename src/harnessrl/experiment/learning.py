@@ -1,6 +1,6 @@
 """What RL taught one run: the change of its first-pass training reward from the first quarter
-of its steps to the last (with an interval over tasks), and how far its updates moved the
-weights relative to the model they started from."""
+of its steps to the last (with an interval over tasks), the same change on the tasks drawn in
+both halves, and how far its updates moved the weights relative to the model they started from."""
 
 from __future__ import annotations
 
@@ -22,6 +22,19 @@ def _task_means(records: list[dict[str, Any]]) -> dict[str, float]:
     return {task: float(np.mean(values)) for task, values in rewards.items()}
 
 
+def _parts(records: list[dict[str, Any]], share: float
+           ) -> tuple[int, int, dict[str, float], dict[str, float]] | None:
+    """Returns (steps with groups, steps per part, each task's mean first-pass reward in the
+    first ``share`` of those steps, the same in the last ``share``), or None below 2 steps."""
+    steps = sorted({r["step"] for r in records if r.get(GROUPS_KEY)})
+    if len(steps) < 2:
+        return None
+    n = max(1, math.floor(len(steps) * share))
+    first = _task_means([r for r in records if r.get("step") in set(steps[:n])])
+    last = _task_means([r for r in records if r.get("step") in set(steps[-n:])])
+    return len(steps), n, first, last
+
+
 def reward_gain(records: list[dict[str, Any]], share: float = 0.25, n_boot: int = 2000,
                 seed: int = 0) -> dict[str, Any] | None:
     """Returns the mean first-pass reward of the last ``share`` of a run's RL steps minus that
@@ -34,18 +47,45 @@ def reward_gain(records: list[dict[str, Any]], share: float = 0.25, n_boot: int 
     draws when it is on), so the difference is the policy's, not a change of what is measured;
     with the frontier on, the drawn tasks move toward pass rate 1/2 as estimates settle, which
     this difference does not correct for (the held-out curve is the measure free of it)."""
-    steps = sorted({r["step"] for r in records if r.get(GROUPS_KEY)})
-    if len(steps) < 2:
+    parts = _parts(records, share)
+    if parts is None:
         return None
-    n = max(1, math.floor(len(steps) * share))
-    first = _task_means([r for r in records if r.get("step") in set(steps[:n])])
-    last = _task_means([r for r in records if r.get("step") in set(steps[-n:])])
+    steps, n, first, last = parts
     a, b = np.asarray(list(first.values())), np.asarray(list(last.values()))
     rng = np.random.default_rng(seed)
     draws = (rng.choice(b, size=(n_boot, b.size)).mean(axis=1) - rng.choice(a, size=(n_boot, a.size)).mean(axis=1))
-    return {"steps": len(steps), "steps_per_part": n, "first": float(a.mean()), "last": float(b.mean()),
+    return {"steps": steps, "steps_per_part": n, "first": float(a.mean()), "last": float(b.mean()),
             "gain": float(b.mean() - a.mean()), "ci": [float(np.quantile(draws, 0.025)), float(np.quantile(draws, 0.975))],
             "tasks_first": int(a.size), "tasks_last": int(b.size)}
+
+
+def same_task_gain(records: list[dict[str, Any]], share: float = 0.5, n_boot: int = 2000,
+                   seed: int = 0) -> dict[str, Any] | None:
+    """Returns the training reward's change on the same tasks: for each task drawn in both the
+    first and the last ``share`` of a run's RL steps, its mean first-pass reward in the last part
+    minus that in the first; the mean over those tasks, with the 95% percentile bootstrap
+    interval that resamples the tasks (each task's pair stays together). None when fewer than 2
+    tasks appear in both parts.
+
+    ``reward_gain`` compares whatever tasks each part drew; with the frontier on, the draws move
+    toward tasks whose estimated pass rate is near 1/2 as the estimates settle, so a policy that
+    learned can show a flat training reward there. Holding the task fixed takes that selection
+    out (at the cost of fewer tasks: those drawn twice, far apart; a half instead of a quarter
+    keeps enough of them). It leans low: the frontier stops drawing a task once it is always
+    solved, so the tasks RL taught best are the likeliest to be missing from the last part."""
+    parts = _parts(records, share)
+    if parts is None:
+        return None
+    _, n, first, last = parts
+    both = sorted(set(first) & set(last))
+    if len(both) < 2:
+        return None
+    diffs = np.asarray([last[task] - first[task] for task in both])
+    rng = np.random.default_rng(seed)
+    draws = rng.choice(diffs, size=(n_boot, diffs.size)).mean(axis=1)
+    return {"steps_per_part": n, "tasks": int(diffs.size), "first": float(np.mean([first[t] for t in both])),
+            "last": float(np.mean([last[t] for t in both])), "gain": float(diffs.mean()),
+            "ci": [float(np.quantile(draws, 0.025)), float(np.quantile(draws, 0.975))]}
 
 
 def _weights(model_dir: Path) -> dict[str, Any] | None:

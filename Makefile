@@ -79,12 +79,13 @@ vllm-env: $(VLLM_STAMP)
 run: setup
 	$(VENV)/bin/harnessrl train
 
-# The papers' directions at CPU scale (configs/cpu_ablation.yaml; results in docs/results.md).
+# The papers' directions at CPU scale on cpu_learn.yaml's RL setting (configs/cpu_ablation.yaml;
+# about 8 hours: run it in sittings with ARGS, e.g. make experiment-cpu ARGS='--arms single-H0,sft-only').
 # The two seeds run side by side, one per core (--jobs 2; logs in experiments/cpu-ablation/logs/).
 # Resumable: re-running skips finished arms. Each process caps glibc's per-thread arenas itself
 # (harnessrl.memory; they otherwise grow a long training process by several GB).
 experiment-cpu: setup
-	$(VENV)/bin/harnessrl experiment configs/cpu_ablation.yaml --out experiments/cpu-ablation --jobs 2
+	$(VENV)/bin/harnessrl experiment configs/cpu_ablation.yaml --out experiments/cpu-ablation --jobs 2 $(ARGS)
 
 # RL that learns: the SFT-only control against 30 GRPO steps with the task frontier and dynamic
 # sampling, two seeds side by side (configs/cpu_learn.yaml; results in docs/results.md).

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 from conftest import save_tiny_model  # noqa: E402
 from harnessrl.policy.base import Generation, GenerationRequest, SamplingParams  # noqa: E402
 from harnessrl.policy.hf import HFPolicy  # noqa: E402
-from harnessrl.policy.kv_slab import GROUPED_SDPA, grouped_sdpa_attention, row_groups  # noqa: E402
+from harnessrl.policy.kv_slab import GROUPED_SDPA, KVSlab, grouped_sdpa_attention, row_groups  # noqa: E402
 from harnessrl.policy.prefix_cache import PrefixCache  # noqa: E402
 
 LOGPROB_TOLERANCE = 1e-4
@@ -261,6 +261,24 @@ def test_trainer_clears_the_prefix_cache_after_every_weight_update(tiny_model_di
     assert trainer.policy.prefix_cache.tokens == 0 and stats.invalidations == 1
     trainer.warm_start()
     assert stats.invalidations == 1 + 2  # one per SFT step
+
+
+def test_slab_select_keeps_the_rows_in_place_without_a_new_slab() -> None:
+    # [layers, 2, rows, kv_heads, capacity, head_dim], 6 of 10 columns filled
+    buffer = torch.randn(3, 2, 5, 2, 10, 4)
+    before = buffer.clone()
+    slab = KVSlab(buffer, 6)
+    cache = slab.cache()
+    slab.select(torch.tensor([1, 3, 4]))
+    assert slab.buffer.data_ptr() == buffer.data_ptr() and slab.buffer.shape[2] == 3  # the same storage
+    assert torch.equal(slab.buffer[..., :6, :], before[:, :, [1, 3, 4], :, :6, :])
+    assert slab.buffer.stride() == buffer.stride()  # attention reads the views as before
+    for index, layer in enumerate(cache.layers):
+        assert torch.equal(layer.keys, before[index, 0, [1, 3, 4], :, :6]) and layer.values.shape[0] == 3
+    slab.select([0, 2])  # again, from the compacted batch: rows 1 and 4 of the first one
+    assert torch.equal(slab.buffer[..., :6, :], before[:, :, [1, 4], :, :6, :])
+    with pytest.raises(ValueError, match="must ascend"):
+        slab.select([1, 0])
 
 
 def test_row_groups_follow_length_tiers_of_a_longest_first_batch() -> None:

@@ -96,9 +96,22 @@ class KVSlab:
         cache.layers = list(self.layers)
         return cache
 
-    def select(self, rows: torch.Tensor) -> None:
-        """Keeps only ``rows`` of the batch (finished requests leave it)."""
-        self.buffer = self.buffer[:, :, rows]
+    def select(self, rows: torch.Tensor | Sequence[int]) -> None:
+        """Keeps only ``rows`` (ascending batch rows) of the batch: finished requests leave it.
+
+        The kept rows move down to the front of the slab in place, filled columns only, and the
+        slab becomes a view of its first ``len(rows)`` rows: no new slab is allocated (indexing
+        the rows out would copy the whole slab, capacity included, at every finish event, and
+        hold two slabs at once). The per-layer views keep their strides, so attention reads
+        the same numbers the same way."""
+        kept = [int(r) for r in rows]
+        if any(b <= a for a, b in zip(kept, kept[1:])):
+            raise ValueError(f"KV slab rows to keep must ascend: {kept}")
+        filled = max(self.lengths)
+        for target, source in enumerate(kept):
+            if source != target:  # target < source: its old row has left or already moved down
+                self.buffer[:, :, target, :, :filled] = self.buffer[:, :, source, :, :filled]
+        self.buffer = self.buffer[:, :, : len(kept)]
         for layer in self.layers:
             layer.refresh()
 

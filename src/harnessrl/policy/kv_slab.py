@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -105,7 +106,7 @@ class KVSlab:
         hold two slabs at once). The per-layer views keep their strides, so attention reads
         the same numbers the same way."""
         kept = [int(r) for r in rows]
-        if any(b <= a for a, b in zip(kept, kept[1:])):
+        if any(b <= a for a, b in pairwise(kept)):
             raise ValueError(f"KV slab rows to keep must ascend: {kept}")
         filled = max(self.lengths)
         for target, source in enumerate(kept):

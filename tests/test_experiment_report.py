@@ -310,6 +310,13 @@ def test_shared_warm_start_sft_only_control_and_paired_tests(tmp_path, tiny_mode
         for side in ("in_space", "out_of_space"):
             for count in ("units", "wins", "losses"):
                 assert sum(c[side][count] for c in families.values() if side in c) == paired[side][count]
+        # and split by seed: one part per seed, each with its own half of the units
+        seeds = arms[name]["paired_by_seed"]
+        assert sorted(seeds) == ["seed 5", "seed 6"]
+        assert [seeds[s]["in_space"]["units"] for s in sorted(seeds)] == [2, 2]
+        for side in ("in_space", "out_of_space"):
+            for count in ("wins", "losses"):
+                assert sum(c[side][count] for c in seeds.values()) == paired[side][count]
     def movement(model_dir, start_dir):  # over the parameters (the tied embedding once), in float64
         moved = dict(transformers.AutoModelForCausalLM.from_pretrained(model_dir).named_parameters())
         start = dict(transformers.AutoModelForCausalLM.from_pretrained(start_dir).named_parameters())
@@ -330,6 +337,7 @@ def test_shared_warm_start_sft_only_control_and_paired_tests(tmp_path, tiny_mode
     assert "Paired against single" in table and "| sft-only | SFT-only control |" in table
     assert "The same pairs per task family" in table
     assert "Paired against single, per task family" in (out / "report" / "index.html").read_text()
+    assert "## Paired against single, per seed" in table and "| oa | seed 6 |" in table
     assert "shared SFT warm start per seed (1 steps on 1 demonstrations under the orthogonal design)" in table
     assert "model each seed's warm start (warm-start/seed<S>/)" in table and "seed5/checkpoints" not in table
     # a second run finds the warm starts and every arm done
@@ -341,7 +349,7 @@ def test_shared_warm_start_sft_only_control_and_paired_tests(tmp_path, tiny_mode
 def test_paired_comparison_per_task_family_shows_a_trade_the_overall_difference_hides():
     """An arm that wins every search unit and loses as many text units ties overall; per family
     the trade shows, and each family's pairs keep their own counts."""
-    from harnessrl.experiment.compare import family_rows, paired_by_family, task_families
+    from harnessrl.experiment.compare import paired_by_family, split_rows, task_families
 
     search, text = "ws-test-search-2-0", "ws-test-text-4-0"
     families = task_families("workspace", {search, text, "ws-test-nosuchfamily-1-0"})
@@ -356,7 +364,7 @@ def test_paired_comparison_per_task_family_shows_a_trade_the_overall_difference_
     assert split["search"]["in_space"]["wins"] == 3 and split["search"]["in_space"]["losses"] == 0
     assert split["text"]["in_space"]["losses"] == 3 and split["text"]["in_space"]["difference"] == pytest.approx(-0.5)
     assert "out_of_space" not in split["search"]
-    headers, rows = family_rows({"arms": [{"arm": "rl", "paired_by_family": split}]})
+    headers, rows = split_rows({"arms": [{"arm": "rl", "paired_by_family": split}]})
     assert [row[:2] for row in rows] == [["rl", "search"], ["rl", "text"]]
     assert rows[0][headers.index("won/lost")] == "3/0" and rows[1][headers.index("won/lost")] == "0/3"
 

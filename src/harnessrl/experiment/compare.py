@@ -5,6 +5,7 @@ same evaluation units (overall and per task family), and the HTML/Markdown repor
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +156,8 @@ def pair_with_reference(row: dict[str, Any], mine: dict[str, dict[tuple[Any, ...
                         theirs: dict[str, dict[tuple[Any, ...], float]]) -> None:
     """Sets ``row["paired"]``: the arm against the reference on the same (seed, task, harness)
     units (the test of a gain, see the module docstring), in-space, out-of-space and all
-    together; and ``row["paired_by_family"]``, the same pairs per task family."""
+    together; and ``row["paired_by_family"]`` / ``row["paired_by_seed"]``, the same pairs per
+    task family and per seed."""
     from harnessrl.eval.metrics import paired_comparison
 
     row["paired"] = {group: paired_comparison(mine.get(group, {}), theirs.get(group, {}))
@@ -169,6 +171,7 @@ def pair_with_reference(row: dict[str, Any], mine: dict[str, dict[tuple[Any, ...
     # one family's procedure and the others' plans turned to it), which the overall difference hides.
     row["paired_by_family"] = paired_by_family(
         mine, theirs, task_families(row["suite"], {u[1] for side in mine.values() for u in side}))
+    row["paired_by_seed"] = paired_split(mine, theirs, lambda unit: f"seed {unit[0]}")
 
 
 def task_families(suite: str, task_ids: set[str]) -> dict[str, str]:
@@ -189,21 +192,28 @@ def task_families(suite: str, task_ids: set[str]) -> dict[str, str]:
     return families
 
 
-def paired_by_family(mine: dict[str, dict[tuple[Any, ...], float]], theirs: dict[str, dict[tuple[Any, ...], float]],
-                     families: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """Returns family -> {side: the paired comparison on that family's units of that side}
-    (units keyed ``(seed, task, harness)``, as in ``compare``); sides without units are left out."""
+def paired_split(mine: dict[str, dict[tuple[Any, ...], float]], theirs: dict[str, dict[tuple[Any, ...], float]],
+                 label: Callable[[tuple[Any, ...]], str | None]) -> dict[str, dict[str, Any]]:
+    """Returns part -> {side: the paired comparison on the units of that side whose ``label``
+    is the part} (units keyed ``(seed, task, harness)``, as in ``compare``; a unit labelled None
+    is left out, and so are sides without units)."""
     from harnessrl.eval.metrics import paired_comparison
 
     out: dict[str, dict[str, Any]] = {}
-    for family in sorted(set(families.values())):
+    parts = {label(u) for units in (mine, theirs) for side in units.values() for u in side} - {None}
+    for part in sorted(parts):
         for side in ("in_space", "out_of_space"):
-            keep = [{u: v for u, v in units.get(side, {}).items() if families.get(u[1]) == family}
-                    for units in (mine, theirs)]
+            keep = [{u: v for u, v in units.get(side, {}).items() if label(u) == part} for units in (mine, theirs)]
             cell = paired_comparison(*keep)
             if cell["units"]:
-                out.setdefault(family, {})[side] = cell
+                out.setdefault(part, {})[side] = cell
     return out
+
+
+def paired_by_family(mine: dict[str, dict[tuple[Any, ...], float]], theirs: dict[str, dict[tuple[Any, ...], float]],
+                     families: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Returns family -> {side: the paired comparison on that family's units of that side}."""
+    return paired_split(mine, theirs, lambda unit: families.get(unit[1]))
 
 
 def learned(out: Path, arm: str, marker: dict[str, Any]) -> dict[str, Any]:
@@ -353,18 +363,20 @@ def paired_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
-def family_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Returns the paired table per task family: per arm and family, each side's units, mean
-    difference with its paired 95% interval, and units won / lost."""
+def split_rows(result: dict[str, Any], key: str = "paired_by_family", part: str = "task family"
+               ) -> tuple[list[str], list[list[str]]]:
+    """Returns the paired table split by ``key`` (``paired_by_family``, ``paired_by_seed``): per
+    arm and part, each side's units, mean difference with its paired 95% interval, and units
+    won / lost."""
     from harnessrl.eval.report import pct_ci, signed
 
-    headers = ["arm", "task family"]
+    headers = ["arm", part]
     for side in ("in-space", "out-of-space"):
         headers += [f"{side} units", "diff", "paired 95% CI", "won/lost"]
     rows = []
     for r in result["arms"]:
-        for family, sides in (r.get("paired_by_family") or {}).items():
-            row = [r["arm"], family]
+        for name, sides in (r.get(key) or {}).items():
+            row = [r["arm"], name]
             for side in ("in_space", "out_of_space"):
                 cell = sides.get(side)
                 row += ["0", "-", "-", "-"] if cell is None else [
@@ -372,6 +384,26 @@ def family_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                     f"{cell['wins']}/{cell['losses']}"]
             rows.append(row)
     return headers, rows
+
+
+def sections(result: dict[str, Any]) -> list[tuple[str, str, tuple[list[str], list[list[str]]]]]:
+    """Returns the comparison's tables after the main one, as (heading, what it shows, (headers,
+    rows)): the paired tests against the reference arm, overall, per seed and per task family,
+    and what RL taught each run. ``comparison.md`` and the HTML report print the same list."""
+    ref = result["reference"]
+    return [
+        (f"Paired against {ref}", f"Paired against {ref} on the same (seed, task, harness) units: the difference "
+         "in Pass@1 points, its paired bootstrap interval, units won / lost, and the exact sign test.",
+         paired_rows(result)),
+        (f"Paired against {ref}, per seed", "The same pairs per seed (each seed has its own warm start, and every "
+         "arm of a seed continues it).", split_rows(result, "paired_by_seed", "seed")),
+        (f"Paired against {ref}, per task family", "The same pairs per task family (a gain on one family can hide "
+         "a loss on another).", split_rows(result, "paired_by_family", "task family")),
+        ("What RL taught", "What RL taught each run: the first-pass training reward of the first and last quarter "
+         "of its steps (mean over tasks; interval: bootstrap over tasks), the same change on the tasks drawn in "
+         "both halves (free of the frontier's selection), and the weights' relative movement under RL against "
+         "the warm start's from the base model.", learning_rows(result)),
+    ]
 
 
 def budget_line(result: dict[str, Any]) -> str:
@@ -396,24 +428,10 @@ def comparison_markdown(result: dict[str, Any]) -> str:
     lines = [f"# Experiment `{result['name']}`", "", budget_line(result),
              "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    headers, rows = paired_rows(result)
-    if rows:
-        lines += ["", f"Paired against {result['reference']} on the same (seed, task, harness) units "
-                  "(difference in Pass@1 points; paired bootstrap interval; exact sign test):", "",
-                  "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-        lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    headers, rows = family_rows(result)
-    if rows:
-        lines += ["", "The same pairs per task family (a gain on one family can hide a loss on another):", "",
-                  "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-        lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    headers, rows = learning_rows(result)
-    if rows:
-        lines += ["", "What RL taught each run (first-pass training reward of the first and last quarter of "
-                  "its steps; the same on the tasks drawn in both halves, which the frontier's selection does not "
-                  "move; the weights' relative movement under RL and the warm start's):", "",
-                  "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-        lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    for heading, what, (headers, rows) in sections(result):
+        if rows:
+            lines += ["", f"## {heading}", "", what, "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+            lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     if result["missing"]:
         lines += ["", f"Not finished yet: {', '.join(result['missing'])}."]
     return "\n".join(lines) + "\n"
@@ -452,31 +470,17 @@ def learning_series(out: Path, arms: list[dict[str, Any]]) -> tuple[dict[str, li
 
 
 def report_tables(doc: Any, result: dict[str, Any]) -> None:
-    """Adds the comparison's tables to the experiment report ``doc``: the main table, the paired
-    tests against the reference arm (overall and per task family), and what RL taught."""
+    """Adds the comparison's tables to the experiment report ``doc``: the main table, then
+    ``sections``."""
 
     doc.heading("Comparison")
     headers, rows = comparison_rows(result)
     doc.table(headers, rows)
-    headers, rows = paired_rows(result)
-    if rows:
-        doc.heading(f"Paired against {result['reference']}")
-        doc.para("Difference in Pass@1 points on the same (seed, task, harness) units, its paired bootstrap "
-                 "interval, units won / lost, and the exact sign test.")
-        doc.table(headers, rows)
-    headers, rows = family_rows(result)
-    if rows:
-        doc.heading(f"Paired against {result['reference']}, per task family")
-        doc.para("The same pairs split by the family of their task: a gain on one family can hide a loss on another.")
-        doc.table(headers, rows)
-    headers, rows = learning_rows(result)
-    if rows:
-        doc.heading("What RL taught")
-        doc.para("First-pass training reward of the first and last quarter of each run's RL steps (mean over "
-                 "tasks; interval: bootstrap over tasks), the same change on the tasks drawn in both halves "
-                 "(free of the frontier's selection), and the weights' relative movement under RL against "
-                 "the warm start's from the base model.")
-        doc.table(headers, rows)
+    for heading, what, (headers, rows) in sections(result):
+        if rows:
+            doc.heading(heading)
+            doc.para(what)
+            doc.table(headers, rows)
     if result["missing"]:
         doc.para(f"Not finished yet: {', '.join(result['missing'])}.")
 

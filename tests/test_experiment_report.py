@@ -344,6 +344,16 @@ def test_shared_warm_start_sft_only_control_and_paired_tests(tmp_path, tiny_mode
     lines.clear()
     run_experiment(spec, out, log=lines.append)
     assert sum("skipped" in line for line in lines) == 6 and not any("SFT warm start" in line for line in lines)
+    # finished arms carried to a folder without the warm starts (their checkpoints left behind):
+    # nothing is pending, so no warm start is trained again, and the table is the same
+    shutil.rmtree(out / "warm-start")
+    for run in (out / "arms").iterdir():
+        shutil.rmtree(run / "checkpoints", ignore_errors=True)
+    lines.clear()
+    again = run_experiment(spec, out, log=lines.append)
+    assert sum("skipped" in line for line in lines) == 6 and not any("SFT warm start" in line for line in lines)
+    assert not (out / "warm-start").exists()
+    assert {r["arm"]: r["paired"] for r in again["arms"]} == {r["arm"]: r["paired"] for r in result["arms"]}
 
 
 def test_paired_comparison_per_task_family_shows_a_trade_the_overall_difference_hides():

@@ -12,11 +12,12 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harnessrl.experiment.compare import compare, executor_rollouts, write_experiment_report
 from harnessrl.experiment.spec import (
     MARKER,
+    ArmSpec,
     ExperimentSpec,
     Logger,
     arm_config,
@@ -26,6 +27,10 @@ from harnessrl.experiment.spec import (
     warm_start_model,
     write_json_atomic,
 )
+
+if TYPE_CHECKING:
+    from harnessrl.eval.sets import EvalTarget
+    from harnessrl.rl.config import TrainConfig
 
 
 def shared_warm_start(spec: ExperimentSpec, seed: int, out: Path, log: Logger = print) -> Path:
@@ -63,14 +68,8 @@ def run_experiment(
     arm); the folder, its budget check and its table stay the whole file's. ``table=False``
     runs the arms only and returns None (a worker of ``run_experiment_jobs``)."""
     from harnessrl.design import make_design
-    from harnessrl.eval.evaluate import evaluate
-    from harnessrl.eval.report import write_run_report
     from harnessrl.eval.sets import resolve_eval_set
-    from harnessrl.external.run import ExternalConfig
     from harnessrl.harness.registry import default_space
-    from harnessrl.rl.loop import Trainer
-    from harnessrl.tasks.suite import select_tasks
-    from harnessrl.trajectory import save_jsonl
 
     unknown = sorted(set(seeds or ()) - set(spec.seeds)) + sorted(set(arms or ()) - {a.name for a in spec.arms})
     if unknown:
@@ -98,57 +97,77 @@ def run_experiment(
     for seed in spec.seeds:
         if seeds and seed not in seeds:
             continue
-        if spec.warm_start is not None:
+        pending = [arm for arm in spec.arms if (not arms or arm.name in arms)
+                   and not _finished_earlier(Path(configs[arm_id(arm, seed)].run_dir), configs[arm_id(arm, seed)],
+                                             spec, arm_id(arm, seed), source, log)]
+        if pending and spec.warm_start is not None:  # a seed with every arm done needs no warm start
             shared_warm_start(spec, seed, out, log)
-        for arm in spec.arms:
-            if arms and arm.name not in arms:
-                continue
-            run_id = arm_id(arm, seed)
-            cfg = configs[run_id]
-            run_dir = Path(cfg.run_dir)
-            marker = run_dir / MARKER
-            if marker.exists():
-                done = json.loads(marker.read_text(encoding="utf-8"))
-                if done.get("config") != cfg.model_dump() or done.get("eval") != spec.eval.model_dump():
-                    raise ValueError(
-                        f"{run_dir}: finished with a different config or evaluation than {source or spec.name} "
-                        "now asks for; delete that folder to rerun the arm, or give the arm a new name"
-                    )
-                log(f"[{run_id}] finished earlier: skipped")
-                continue
+        for arm in pending:
+            cfg = configs[arm_id(arm, seed)]
             what = ("control: the warm start alone, no RL step" if arm.control == "sft-only" else
                     f"design {cfg.design}, pairing {cfg.pairing}, K={cfg.k}, rescue {cfg.rescue}, "
                     f"through {cfg.rollout_through} ({cfg.objective}), {cfg.steps} steps")
-            log(f"[{run_id}] training: {what}")
-            started = time.time()
-            trainer = Trainer(cfg, resume=True, log=lambda m, r=run_id: log(f"[{r}] {m}"))
-            trainer.run()
-            tasks = select_tasks(cfg.suite, cfg.eval_split, spec.eval.tasks, spec.eval.seed, cfg.tiers, cfg.families)
-            result = evaluate(
-                trainer.policy, targets, tasks, k=spec.eval.k, design=trainer.design,
-                settings=cfg.rollout_settings(trainer.limits, evaluation=True, temperature=spec.eval.temperature,
-                                              seed=spec.eval.seed),
-                # Agent programs evaluated through get the per-turn token limit of in-space episodes.
-                external=ExternalConfig(max_steps=cfg.agent_max_steps, time_limit_s=cfg.agent_time_limit_s,
-                                        max_tokens=cfg.max_new_tokens,
-                                        backend="auto" if cfg.sandbox_backend == "none" else cfg.sandbox_backend),
-            )
-            save_jsonl(result.trajectories, run_dir / "eval" / "experiment.jsonl")
-            results = result.to_dict()
-            write_json_atomic(marker, {
-                "arm": arm.model_dump(), "seed": seed, "config": cfg.model_dump(), "eval": spec.eval.model_dump(),
-                "train_configs": trainer.design.codes, "results": results, "rollouts": executor_rollouts(run_dir),
-                "wall_time_s": round(time.time() - started, 1), "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            })
-            in_space = results["per_group"].get("in_space", {}).get("pass_at_1")
-            log(f"[{run_id}] evaluated: in-space Pass@1 {in_space}")
-            write_run_report(run_dir)
-            del trainer
+            log(f"[{arm_id(arm, seed)}] training: {what}")
+            _run_arm(spec, arm, seed, cfg, targets, log)
     if not table:
         return None
     comparison = compare(out)
     write_experiment_report(out)
     return comparison
+
+
+def _finished_earlier(run_dir: Path, cfg: TrainConfig, spec: ExperimentSpec, run_id: str, source: str, log: Logger) -> bool:
+    """Returns whether the (arm, seed) of ``run_dir`` has finished (its marker is there, with
+    this config and evaluation; a marker with others is an error that says what to do)."""
+    marker = run_dir / MARKER
+    if not marker.exists():
+        return False
+    done = json.loads(marker.read_text(encoding="utf-8"))
+    if done.get("config") != cfg.model_dump() or done.get("eval") != spec.eval.model_dump():
+        raise ValueError(
+            f"{run_dir}: finished with a different config or evaluation than {source or spec.name} "
+            "now asks for; delete that folder to rerun the arm, or give the arm a new name"
+        )
+    log(f"[{run_id}] finished earlier: skipped")
+    return True
+
+
+def _run_arm(spec: ExperimentSpec, arm: ArmSpec, seed: int, cfg: TrainConfig, targets: Sequence[EvalTarget],
+             log: Logger) -> None:
+    """Trains one (arm, seed) (resuming a killed run), evaluates it on the experiment's units,
+    and writes its trajectories, its marker (written last, atomically) and its report."""
+    from harnessrl.eval.evaluate import evaluate
+    from harnessrl.eval.report import write_run_report
+    from harnessrl.external.run import ExternalConfig
+    from harnessrl.rl.loop import Trainer
+    from harnessrl.tasks.suite import select_tasks
+    from harnessrl.trajectory import save_jsonl
+
+    run_id, run_dir = arm_id(arm, seed), Path(cfg.run_dir)
+    started = time.time()
+    trainer = Trainer(cfg, resume=True, log=lambda m: log(f"[{run_id}] {m}"))
+    trainer.run()
+    tasks = select_tasks(cfg.suite, cfg.eval_split, spec.eval.tasks, spec.eval.seed, cfg.tiers, cfg.families)
+    result = evaluate(
+        trainer.policy, targets, tasks, k=spec.eval.k, design=trainer.design,
+        settings=cfg.rollout_settings(trainer.limits, evaluation=True, temperature=spec.eval.temperature,
+                                      seed=spec.eval.seed),
+        # Agent programs evaluated through get the per-turn token limit of in-space episodes.
+        external=ExternalConfig(max_steps=cfg.agent_max_steps, time_limit_s=cfg.agent_time_limit_s,
+                                max_tokens=cfg.max_new_tokens,
+                                backend="auto" if cfg.sandbox_backend == "none" else cfg.sandbox_backend),
+    )
+    save_jsonl(result.trajectories, run_dir / "eval" / "experiment.jsonl")
+    results = result.to_dict()
+    write_json_atomic(run_dir / MARKER, {
+        "arm": arm.model_dump(), "seed": seed, "config": cfg.model_dump(), "eval": spec.eval.model_dump(),
+        "train_configs": trainer.design.codes, "results": results, "rollouts": executor_rollouts(run_dir),
+        "wall_time_s": round(time.time() - started, 1), "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    })
+    in_space = results["per_group"].get("in_space", {}).get("pass_at_1")
+    log(f"[{run_id}] evaluated: in-space Pass@1 {in_space}")
+    write_run_report(run_dir)
+    del trainer
 
 
 def run_experiment_jobs(

@@ -1,6 +1,6 @@
 """Comparing the finished arms of an experiment: the paper-shaped table (in-space,
 out-of-space, overall, gains with intervals), paired tests against the reference arm on the
-same evaluation units (overall and per task family), and the HTML/Markdown report."""
+same evaluation units (overall, per seed and per task family), and the HTML/Markdown report."""
 
 from __future__ import annotations
 

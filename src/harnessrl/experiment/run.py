@@ -98,8 +98,7 @@ def run_experiment(
         if seeds and seed not in seeds:
             continue
         pending = [arm for arm in spec.arms if (not arms or arm.name in arms)
-                   and not _finished_earlier(Path(configs[arm_id(arm, seed)].run_dir), configs[arm_id(arm, seed)],
-                                             spec, arm_id(arm, seed), source, log)]
+                   and not _finished_earlier(configs[arm_id(arm, seed)], spec, arm_id(arm, seed), source, log)]
         if pending and spec.warm_start is not None:  # a seed with every arm done needs no warm start
             shared_warm_start(spec, seed, out, log)
         for arm in pending:
@@ -116,9 +115,10 @@ def run_experiment(
     return comparison
 
 
-def _finished_earlier(run_dir: Path, cfg: TrainConfig, spec: ExperimentSpec, run_id: str, source: str, log: Logger) -> bool:
-    """Returns whether the (arm, seed) of ``run_dir`` has finished (its marker is there, with
-    this config and evaluation; a marker with others is an error that says what to do)."""
+def _finished_earlier(cfg: TrainConfig, spec: ExperimentSpec, run_id: str, source: str, log: Logger) -> bool:
+    """Returns whether the (arm, seed) run ``cfg`` has finished (its marker is in its run folder,
+    with this config and evaluation; a marker with others is an error that says what to do)."""
+    run_dir = Path(cfg.run_dir)
     marker = run_dir / MARKER
     if not marker.exists():
         return False

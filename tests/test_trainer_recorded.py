@@ -172,9 +172,12 @@ def test_trainer_numbers_match_the_record(name, tiny_model, tmp_path, scripted_r
     # numbers twice on this machine, and the runs have the recorded shape.
     again = one_thread_run(name, tiny_model, tmp_path / f"{name}-again")
     assert again == actual, close(actual, again, "second run")
-    nearest = next(iter(records.values()))[name]
-    assert len(actual["metrics"]) == len(nearest["metrics"])
-    assert [sorted(r) for r in actual["metrics"]][-1:] == [sorted(r) for r in nearest["metrics"]][-1:]
+    recorded_runs = [runs[name] for runs in records.values() if name in runs]
+    assert all(len(actual["metrics"]) == len(run["metrics"]) for run in recorded_runs)
+    # A step's keys depend on its data (a step whose groups all lost their signal logs
+    # update/skipped instead of the update's terms), so the last step's keys must be those of
+    # some recorded class, not of one in particular.
+    assert sorted(actual["metrics"][-1]) in [sorted(run["metrics"][-1]) for run in recorded_runs]
     warnings.warn(f"{machine} is not a recorded machine class ({', '.join(records)}): checked that the run repeats "
                   "bit for bit, not that it matches the record; HARNESSRL_RECORD_TRAINER=1 on the code before a "
                   "change records this class", stacklevel=1)

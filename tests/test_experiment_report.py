@@ -457,3 +457,57 @@ def test_jobs_split_seeds_over_workers_and_a_failed_worker_keeps_the_rest(tmp_pa
     assert table["missing"] == [] and {row["arm"]: row["seeds"] for row in table["arms"]} == {"single": [5, 6], "oa": [5, 6]}
     with pytest.raises(SystemExit, match="--jobs: at least 1"):
         main(["experiment", str(path), "--out", str(out), "--jobs", "0"])
+
+
+
+# A valid value other than the default for each field that only RL steps read.
+RL_STEP_VALUES = {
+    "learning_rate": 0.05, "warmup_steps": 3, "lr_schedule": "cosine", "weight_decay": 0.1, "ppo_epochs": 2,
+    "mini_batches": 2, "clip_low": 0.1, "clip_high": 0.3, "aggregation": "token_sum_norm", "loss_norm_tokens": 64,
+    "policy_loss": "gspo", "advantage": "rloo", "scale_std": False, "importance_cap": 3.0, "kl_coef": 0.1,
+    "kl_estimator": "k1", "entropy_coef": 0.01, "skip_no_signal_groups": False, "dynamic_sampling_rounds": 1,
+    "temperature": 0.5, "top_p": 0.9, "frontier": True, "frontier_decay": 0.5, "frontier_prior": 2.0,
+    "frontier_low": 0.2, "frontier_high": 0.8, "frontier_explore": 0.5,
+}
+
+
+def test_a_warm_start_reads_no_rl_setting_so_an_rl_sweep_reuses_it(tmp_path, tiny_model):
+    """Trained with every RL_STEP_FIELDS field changed, a seed's warm start has the same weights
+    bit for bit; so a file whose RL settings changed reuses the warm start and the SFT-only
+    control it finds, while a field the warm start reads makes it another run, named in the error."""
+    from harnessrl.experiment import run_experiment, warm_start_model
+    from harnessrl.experiment.run import shared_warm_start
+    from harnessrl.experiment.spec import RL_STEP_FIELDS
+    from harnessrl.rl.config import TrainConfig
+
+    assert set(RL_STEP_VALUES) == set(RL_STEP_FIELDS)
+    defaults = TrainConfig()
+    assert all(getattr(defaults, name) != value for name, value in RL_STEP_VALUES.items())
+    text = tiny_experiment(tmp_path, tiny_model).read_text().replace("  sft_warm_start_steps: 1\n", "")
+    text = text.replace("seeds: [5]", "warm_start: {design: orthogonal, sft_warm_start_steps: 1}\nseeds: [5]")
+    text = text.replace("  - {name: single, design: single, pairing: repeat, k: 2}\n", "")
+    text = text.replace("reference: single", "reference: sft-only") + "  - {name: sft-only, control: sft-only}\n"
+    spec = load_experiment(write(tmp_path, text))
+    swept = load_experiment(write(tmp_path, text.replace("  learning_rate: 0.001\n", "  " + "\n  ".join(
+        f"{name}: {json.dumps(value)}" for name, value in RL_STEP_VALUES.items()) + "\n")))
+    assert swept.base["frontier"] is True and swept.base["learning_rate"] == 0.05
+    first, second = tmp_path / "first", tmp_path / "second"
+    for one, out in ((spec, first), (swept, second)):
+        shared_warm_start(one, 5, out, log=lambda m: None)
+    a = transformers.AutoModelForCausalLM.from_pretrained(warm_start_model(first, 5)).state_dict()
+    b = transformers.AutoModelForCausalLM.from_pretrained(warm_start_model(second, 5)).state_dict()
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    # the original file's control, then the swept file finds the warm start and the control done
+    run_experiment(spec, first, log=lambda m: None, arms=["sft-only"])
+    lines = []
+    run_experiment(swept, first, log=lines.append, arms=["sft-only"])
+    assert "[sft-only-seed5] finished earlier: skipped" in lines
+    assert not any("SFT warm start" in line for line in lines)
+    # the trained arm is another run with the swept settings: its marker does not match the file
+    run_experiment(spec, first, log=lambda m: None, arms=["oa"])
+    with pytest.raises(ValueError, match=r"oa-seed5: finished with another .*learning_rate.* than"):
+        run_experiment(swept, first, log=lambda m: None, arms=["oa"])
+    relearned = load_experiment(write(tmp_path, text.replace(
+        "sft_warm_start_steps: 1}", "sft_warm_start_steps: 1, sft_learning_rate: 0.01}")))
+    with pytest.raises(ValueError, match=r"seed5: a warm start with another sft_learning_rate is there"):
+        shared_warm_start(relearned, 5, first, log=lambda m: None)

@@ -23,6 +23,7 @@ from harnessrl.experiment.spec import (
     arm_config,
     arm_id,
     budget,
+    changed_fields,
     warm_start_config,
     warm_start_model,
     write_json_atomic,
@@ -43,9 +44,10 @@ def shared_warm_start(spec: ExperimentSpec, seed: int, out: Path, log: Logger = 
     marker = run_dir / "warm_start.json"
     if marker.exists():
         done = json.loads(marker.read_text(encoding="utf-8"))
-        if done.get("config") != cfg.model_dump():
-            raise ValueError(f"{run_dir}: a warm start with a different config is there; delete the experiment's "
-                             "warm-start and arms folders to rerun with the new one")
+        changed = changed_fields(done.get("config", {}), cfg)
+        if changed:
+            raise ValueError(f"{run_dir}: a warm start with another {', '.join(changed)} is there; delete the "
+                             "experiment's warm-start and arms folders to rerun with the new one")
         return warm_start_model(out, seed)
     log(f"[warm-start-seed{seed}] SFT warm start: {cfg.sft_warm_start_steps} steps on {cfg.sft_tasks} "
         f"demonstrations under the {cfg.design} design, shared by every arm of seed {seed}")
@@ -123,10 +125,13 @@ def _finished_earlier(cfg: TrainConfig, spec: ExperimentSpec, run_id: str, sourc
     if not marker.exists():
         return False
     done = json.loads(marker.read_text(encoding="utf-8"))
-    if done.get("config") != cfg.model_dump() or done.get("eval") != spec.eval.model_dump():
+    changed = changed_fields(done.get("config", {}), cfg)
+    if done.get("eval") != spec.eval.model_dump():
+        changed.append("eval")
+    if changed:
         raise ValueError(
-            f"{run_dir}: finished with a different config or evaluation than {source or spec.name} "
-            "now asks for; delete that folder to rerun the arm, or give the arm a new name"
+            f"{run_dir}: finished with another {', '.join(changed)} than {source or spec.name} now asks for; "
+            "delete that folder to rerun the arm, or give the arm a new name"
         )
     log(f"[{run_id}] finished earlier: skipped")
     return True

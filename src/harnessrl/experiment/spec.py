@@ -197,6 +197,27 @@ def arm_config(spec: ExperimentSpec, arm: ArmSpec, seed: int, out_dir: Path, sou
         raise ValueError(f"{source}: arm {arm.name!r}: {text}") from None
 
 
+RL_STEP_FIELDS = (
+    "learning_rate", "warmup_steps", "lr_schedule", "weight_decay", "ppo_epochs", "mini_batches", "clip_low",
+    "clip_high", "aggregation", "loss_norm_tokens", "policy_loss", "advantage", "scale_std", "importance_cap",
+    "kl_coef", "kl_estimator", "entropy_coef", "skip_no_signal_groups", "dynamic_sampling_rounds", "temperature",
+    "top_p", "frontier", "frontier_decay", "frontier_prior", "frontier_low", "frontier_high", "frontier_explore",
+)
+"""TrainConfig fields that only RL steps read (their optimizer, loss, training rollouts and task
+frontier): a run with no RL step (a seed's warm start, the SFT-only control) is the same run
+whatever they are, so a file whose RL settings changed (an RL sweep) reuses its warm starts and
+controls instead of retraining them (tests/test_experiment_report.py holds the list to that)."""
+
+
+def changed_fields(recorded: dict[str, Any], cfg: TrainConfig) -> list[str]:
+    """Returns the fields in which a finished run's recorded config differs from ``cfg`` (none:
+    the same run); for a run with no RL step (``steps: 0``) ``RL_STEP_FIELDS`` are not compared."""
+    now = cfg.model_dump()
+    skip = set(RL_STEP_FIELDS) if cfg.steps == 0 and recorded.get("steps") == 0 else set()
+    return sorted(name for name in set(now) | set(recorded)
+                  if name not in skip and recorded.get(name, "<absent>") != now.get(name, "<absent>"))
+
+
 def warm_start_dir(out_dir: Path, seed: int) -> Path:
     """Returns the folder of a seed's shared warm-start run."""
     return out_dir / "warm-start" / f"seed{seed}"

@@ -9,9 +9,10 @@ be identical. On another, the sampled tokens (and so the scripted rewards) part 
 record at the first token rounding changes, so the test checks what it can: the run repeats
 exactly (metrics and weights), it has the recorded shape, and it warns that identity was not
 checked. ``HARNESSRL_RECORD_TRAINER=1`` adds this machine's
-record: do it only on code whose behaviour is the one to keep. Both records were made at ac51daf,
-before the restructuring (AMD EPYC with AVX2 on 2026-12-04 05:35; AMD EPYC with AVX-512 later
-that day, from this file run against a checkout of ac51daf).
+record: do it only on code whose behaviour is the one to keep. The three records were made at
+ac51daf, before the restructuring (AMD EPYC with AVX2 on 2026-12-04 05:35; AMD EPYC with AVX-512
+later that day, and an Intel Xeon with AMX on 2026-12-05, from this file run against a checkout
+of ac51daf).
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ import json
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 VARIANTS = ("index copy (baseline)", "in place")
@@ -34,7 +33,7 @@ def child(variant: str, rows: int, prompt_tokens: int, step: int, dtype: str) ->
     from bench_generation import QUESTIONS
 
     from harnessrl.harness.base import Message
-    from harnessrl.memory import rss_mb
+    from harnessrl.memory import PeakRSS
     from harnessrl.policy.base import GenerationRequest, SamplingParams
     from harnessrl.policy.hf import HFPolicy
     from harnessrl.policy.kv_slab import KVSlab, SlabLayer
@@ -53,21 +52,11 @@ def child(variant: str, rows: int, prompt_tokens: int, step: int, dtype: str) ->
     requests = [GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=step * (r + 1), stop_token_ids=()))
                 for r, p in enumerate(prompts)]
     policy.generate(requests[:1])  # warm-up of the kernels for this shape family
-    before, peak, done = rss_mb(), [0.0], threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], rss_mb())
-            time.sleep(0.002)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    cpu, wall = time.process_time(), time.perf_counter()
-    generations = policy.generate(requests)
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    done.set()
-    sampler.join()
-    return {"peak_extra_mb": max(peak[0], rss_mb()) - before, "cpu_s": cpu, "wall_s": wall,
+    with PeakRSS() as peak:
+        cpu, wall = time.process_time(), time.perf_counter()
+        generations = policy.generate(requests)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    return {"peak_extra_mb": peak.extra_mb, "cpu_s": cpu, "wall_s": wall,
             "tokens": [g.token_ids for g in generations]}
 
 

@@ -77,3 +77,21 @@ def test_a_users_malloc_arena_max_is_left_in_force():
     code = "from harnessrl.memory import limit_malloc_arenas; print(limit_malloc_arenas())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True, env=env)
     assert out.stdout.strip() == "False"
+
+
+def test_peak_rss_sees_what_a_block_needed_above_its_start():
+    """``PeakRSS`` reports a block's peak above the memory at its start, from samples taken while
+    it runs: 200 MB touched then freed inside counts; what was there before does not."""
+    from harnessrl.memory import PeakRSS
+
+    held = bytearray(100 * 2**20)  # there before the block: not the block's
+    with PeakRSS(interval_s=0.001) as peak:
+        inside = bytearray(200 * 2**20)  # zero-filled: every page touched
+        for _ in range(50):  # long enough for the sampler to see it
+            sum(inside[:: 2**20])
+        del inside
+    assert 150 < peak.extra_mb < 400, peak.extra_mb
+    with PeakRSS() as idle:
+        pass
+    assert idle.extra_mb < 50
+    del held

@@ -109,8 +109,9 @@ def weights_digest(folder: Path) -> dict[str, object]:
     return {"sha256": digest.hexdigest(), "abs_sum": total}
 
 
-def run_values(name: str, model: Path, run_dir: Path) -> dict[str, object]:
-    cfg = load_config(preset="quick", overrides={**BASE, **RUNS[name], "model": str(model), "run_dir": str(run_dir)})
+def run_values(name: str, model: Path, run_dir: Path, **extra: object) -> dict[str, object]:
+    cfg = load_config(preset="quick", overrides={**BASE, **RUNS[name], **extra, "model": str(model),
+                                                 "run_dir": str(run_dir)})
     summary = train(cfg, log=lambda message: None)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     final = sorted((run_dir / "checkpoints").iterdir())[-1]
@@ -138,12 +139,12 @@ def close(recorded, actual, path: str = "") -> list[str]:
     return [] if recorded == actual else [f"{path}: {recorded!r} -> {actual!r}"]
 
 
-def one_thread_run(name: str, model: Path, run_dir: Path) -> dict[str, object]:
+def one_thread_run(name: str, model: Path, run_dir: Path, **extra: object) -> dict[str, object]:
     """``run_values`` with one torch thread (the machine class's ``threads-1``)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return run_values(name, model, run_dir)
+        return run_values(name, model, run_dir, **extra)
     finally:
         torch.set_num_threads(threads)
 
@@ -182,3 +183,20 @@ def test_trainer_numbers_match_the_record(name, tiny_model, tmp_path, scripted_r
     warnings.warn(f"{machine} is not a recorded machine class ({', '.join(records)}): checked that the run repeats "
                   "bit for bit, not that it matches the record; HARNESSRL_RECORD_TRAINER=1 on the code before a "
                   "change records this class", stacklevel=1)
+
+
+@pytest.mark.parametrize("name", ["grpo", "ppo"])
+def test_activation_checkpointing_changes_no_number(name, tiny_model, tmp_path, scripted_reward, monkeypatch):
+    """``activation_checkpointing: true`` recomputes the layers in the backward pass: every metric,
+    the warm start and the final weights (value head included) are those of the run without it."""
+    from harnessrl.rl import actor
+
+    enabled = []
+    monkeypatch.setattr(actor, "enable_activation_checkpointing",
+                        lambda model, enable=actor.enable_activation_checkpointing: enabled.append(enable(model)))
+    plain = one_thread_run(name, tiny_model, tmp_path / "plain")
+    assert not enabled
+    checkpointed = one_thread_run(name, tiny_model, tmp_path / "checkpointed", activation_checkpointing=True)
+    assert len(enabled) == 1  # the trained model, once
+    assert any(record.get("update/grad_norm", 0) > 0 for record in plain["metrics"])
+    assert checkpointed == plain, close(plain, checkpointed, "checkpointed")

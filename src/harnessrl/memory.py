@@ -1,5 +1,5 @@
 """The process's host memory: glibc's arena limit set in process, freed memory handed back to
-the system, and the resident size a training step reports.
+the system, the resident size a training step reports, and a sampler of a call's peak above it.
 
 glibc gives each thread that contends for the heap an arena of its own, up to 8 per core; a
 trainer's rollout, sandbox and torch threads each fill one with a step's short-lived buffers,
@@ -17,6 +17,8 @@ import gc
 import os
 import resource
 import sys
+import threading
+import time
 
 M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
 ARENA_LIMIT = 2  # what MALLOC_ARENA_MAX=2 set: measured to keep a training process bounded
@@ -84,3 +86,34 @@ def peak_rss_mb() -> float:
     """Returns this process's peak resident memory so far, in MiB (``getrusage``)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
+
+
+class PeakRSS:
+    """Samples this process's resident memory every ``interval_s`` on a thread while the
+    ``with`` block runs; ``extra_mb`` is then its peak above the RSS at entry (what one call
+    needed on top of what was there: ``peak_rss_mb`` cannot say it once an earlier call peaked
+    higher). The benchmarks of memory use it around the call they measure."""
+
+    def __init__(self, interval_s: float = 0.002) -> None:
+        self.interval_s, self.start_mb, self.peak_mb = interval_s, 0.0, 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._done.is_set():
+            self.peak_mb = max(self.peak_mb, rss_mb())
+            time.sleep(self.interval_s)
+
+    def __enter__(self) -> PeakRSS:
+        self.start_mb = self.peak_mb = rss_mb()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        self.peak_mb = max(self.peak_mb, rss_mb())
+
+    @property
+    def extra_mb(self) -> float:
+        return self.peak_mb - self.start_mb

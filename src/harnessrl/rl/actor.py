@@ -25,6 +25,7 @@ from harnessrl.rl.batching import UpdateSample
 from harnessrl.rl.checkpoint import load_training_state, save_checkpoint
 from harnessrl.rl.config import TrainConfig
 from harnessrl.rl.distributed import DataParallel
+from harnessrl.rl.forward import enable_activation_checkpointing
 from harnessrl.rl.objectives import UpdateSettings
 from harnessrl.rl.ppo import ppo_samples
 from harnessrl.rl.schedules import lr_lambda
@@ -86,6 +87,8 @@ class Actor:
             self.policy.sync_weights(self.model)  # the adapters merged into the rollout copy (a resume's are not 0)
         elif cfg.policy_server is not None:
             self.policy.sync_weights(self.model)  # the server samples from the weights trained here (or resumed)
+        if cfg.activation_checkpointing:
+            enable_activation_checkpointing(self.model)
         if parallel is not None:
             if shard:
                 parallel.shard_model(self.model)  # before the optimizer: it steps the shards

@@ -112,6 +112,13 @@ class TrainConfig(BaseModel):
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0.0, description="gradient clipping norm")
     micro_batch_tokens: int = Field(4096, ge=64, description="padded tokens per forward/backward micro-batch")
+    activation_checkpointing: bool = Field(
+        False,
+        description="recompute each decoder layer's activations in the backward pass instead of keeping them "
+        "(verl's enable_gradient_checkpointing, TRL's gradient_checkpointing): the same gradients, bit for bit, "
+        "at about one hidden state per layer and token of memory, for one more forward per update; lets "
+        "micro_batch_tokens grow so that a group's prompt runs once (rl/forward.py)",
+    )
     ppo_epochs: int = Field(
         1,
         description="passes over each step's rollouts (verl ppo_epochs, TRL num_iterations; PPO, Schulman et al. "

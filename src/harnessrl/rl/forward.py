@@ -1,11 +1,13 @@
 """The trainer's forward passes: log-probabilities and entropies of the trained positions only
 (the LM head never sees a prompt token), a shared prefix run once for a micro-batch's rows, the
-old policy's log-probabilities and the critic's values before an update, and mixed precision.
+old policy's log-probabilities and the critic's values before an update, mixed precision, and
+activation checkpointing that keeps the shared prefix.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from typing import Any
 
@@ -99,29 +101,78 @@ def decoder_hidden(decoder: torch.nn.Module, data: dict[str, torch.Tensor]) -> t
     prefix = int(data.get("prefix_len", 0))
     split = bool(data.get("split", False))
     if prefix <= 0 and not split:
-        return decoder(input_ids=ids, attention_mask=attention).last_hidden_state
+        return decoder(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
     rows, length = ids.shape
     cache_argument = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+    from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+    plain = DynamicCache(config=decoder.config).layers
+    if not plain or not all(type(layer) is DynamicLayer for layer in plain):
+        # Sliding-window or other special layers keep less than every token: no broadcast.
+        return decoder(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
+    layer_class = prefix_layer_class()
+    written = Cache(layers=[layer_class() for _ in plain])
     if prefix <= 0:
         prefix = 1
-        head = decoder(input_ids=ids[:, :1], attention_mask=attention[:, :1], use_cache=True)
+        head = decoder(input_ids=ids[:, :1], attention_mask=attention[:, :1], use_cache=False,
+                       **{cache_argument: written})
     else:
-        head = decoder(input_ids=ids[:1, :prefix], use_cache=True)
-    cache = head.cache if cache_argument == "cache" else head.past_key_values
-    from transformers.cache_utils import DynamicLayer
-
-    if not all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])):
-        # Sliding-window or other special layers keep less than every token: no broadcast.
-        return decoder(input_ids=ids, attention_mask=attention).last_hidden_state
-    for layer in cache.layers:
-        layer.keys = layer.keys.expand(rows, -1, -1, -1)
-        layer.values = layer.values.expand(rows, -1, -1, -1)
+        head = decoder(input_ids=ids[:1, :prefix], use_cache=False, **{cache_argument: written})
+    read = Cache(layers=[layer_class(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1))
+                         for layer in written.layers])
     positions = torch.arange(prefix, length, device=ids.device).unsqueeze(0).expand(rows, -1)
     tail = decoder(
-        input_ids=ids[:, prefix:], attention_mask=attention, position_ids=positions, use_cache=True,
-        **{cache_argument: cache},
+        input_ids=ids[:, prefix:], attention_mask=attention, position_ids=positions, use_cache=False,
+        **{cache_argument: read},
     )
     return torch.cat([head.last_hidden_state.expand(rows, -1, -1), tail.last_hidden_state], dim=1)
+
+
+@functools.cache
+def prefix_layer_class() -> type:
+    """Returns the cache layer of ``decoder_hidden``'s two calls (transformers imported lazily).
+
+    Built empty, it is the prefix call's: ``update`` keeps the prefix's keys and values (set, not
+    appended, so that a replay under activation checkpointing leaves them as they were). Built
+    with the prefix's (broadcast) keys and values, it is the rows' call's: ``update`` returns
+    them followed by the rows' own and keeps nothing, so a replay reads what the first pass read.
+    Neither grows on a replay: ``enable_activation_checkpointing`` relies on it."""
+    from transformers.cache_utils import DynamicLayer
+
+    class PrefixLayer(DynamicLayer):
+        def __init__(self, keys: torch.Tensor | None = None, values: torch.Tensor | None = None) -> None:
+            super().__init__()
+            self.reads = keys is not None
+            if keys is not None:
+                self.keys, self.values, self.device, self.is_initialized = keys, values, keys.device, True
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+            if self.reads:
+                return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+            self.keys, self.values, self.device, self.is_initialized = key_states, value_states, key_states.device, True
+            return key_states, value_states
+
+    return PrefixLayer
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Makes ``model`` recompute each decoder layer in the backward pass instead of keeping its
+    activations (transformers' gradient checkpointing, non-reentrant; verl's
+    ``enable_gradient_checkpointing``, TRL's ``gradient_checkpointing``): an update keeps about
+    one hidden state per layer and token, at the cost of one more forward. The layers keep
+    ``decoder_hidden``'s shared-prefix cache under it (transformers drops a cache that a replay
+    would append to twice; ``prefix_layer_class``'s never grows on a replay)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.2x's name
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for module in model.modules():
+        if isinstance(module, GradientCheckpointingLayer):
+            module._can_checkpoint_with_cache = True
 
 
 @torch.no_grad()

@@ -186,6 +186,8 @@ def test_train_killed_during_its_final_save_resumes_on_the_same_schedule(tiny_mo
                     env=env, poll_s=0.002, deadline_s=900)
     before = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in before] == [0, 1]
+    first_sitting = json.loads((root / "step-000002" / "trainer_state.json").read_text())["wall_time_s"]
+    assert first_sitting > 0
     resumed = subprocess.run([*train_command(config_file, run_dir), "--resume"], env=env, capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     after = (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -193,4 +195,5 @@ def test_train_killed_during_its_final_save_resumes_on_the_same_schedule(tiny_mo
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 2
     state = json.loads((root / "step-000002" / "trainer_state.json").read_text())
     assert state["step"] == 2 and state["final_eval_step"] == 2
+    assert state["wall_time_s"] > first_sitting  # the wall time of both sittings, not the last one's
     assert stranded(run_dir) == []

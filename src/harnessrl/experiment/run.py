@@ -149,9 +149,9 @@ def _run_arm(spec: ExperimentSpec, arm: ArmSpec, seed: int, cfg: TrainConfig, ta
     from harnessrl.trajectory import save_jsonl
 
     run_id, run_dir = arm_id(arm, seed), Path(cfg.run_dir)
-    started = time.time()
     trainer = Trainer(cfg, resume=True, log=lambda m: log(f"[{run_id}] {m}"))
     trainer.run()
+    started = time.time()
     tasks = select_tasks(cfg.suite, cfg.eval_split, spec.eval.tasks, spec.eval.seed, cfg.tiers, cfg.families)
     result = evaluate(
         trainer.policy, targets, tasks, k=spec.eval.k, design=trainer.design,
@@ -167,7 +167,9 @@ def _run_arm(spec: ExperimentSpec, arm: ArmSpec, seed: int, cfg: TrainConfig, ta
     write_json_atomic(run_dir / MARKER, {
         "arm": arm.model_dump(), "seed": seed, "config": cfg.model_dump(), "eval": spec.eval.model_dump(),
         "train_configs": trainer.design.codes, "results": results, "rollouts": executor_rollouts(run_dir),
-        "wall_time_s": round(time.time() - started, 1), "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        # training over every sitting (a killed arm resumes), then this evaluation
+        "wall_time_s": round(float(trainer.state.get("wall_time_s", 0.0)) + time.time() - started, 1),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
     })
     in_space = results["per_group"].get("in_space", {}).get("pass_at_1")
     log(f"[{run_id}] evaluated: in-space Pass@1 {in_space}")

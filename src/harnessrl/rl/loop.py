@@ -60,6 +60,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, resume: bool = False, log: Logger = print) -> None:
         limit_malloc_arenas()  # bounded host memory without MALLOC_ARENA_MAX (harnessrl.memory)
+        self.sitting_started = time.monotonic()
         # Under torchrun every rank trains; rank 0 alone logs and writes (rl.distributed).
         self.parallel = DataParallel.from_env()
         self.main = self.parallel is None or self.parallel.is_main
@@ -75,9 +76,11 @@ class Trainer:
         self.actor = Actor(cfg, checkpoint, self.parallel, self.run_dir / "sync", log)
         self.policy = self.actor.policy
         self.state: dict[str, Any] = {"step": 0}
+        self.wall_time_before = 0.0  # of the sittings before this one (trainer state "wall_time_s")
         self.metrics_path = self.run_dir / "metrics.jsonl"
         if checkpoint is not None:
             self.state = self.actor.load_training_state()
+            self.wall_time_before = float(self.state.get("wall_time_s", 0.0))
             self._drop_metrics_from(int(self.state["step"]))
             self.log(f"resumed from {checkpoint} (step {self.state['step']})")
         self.tracker = Tracker(self.run_dir, cfg.report_to, cfg.model_dump(), self.log)
@@ -213,6 +216,8 @@ class Trainer:
             self.state["rescue"] = self.rescue.state_dict()
         if self.cfg.frontier or self.cfg.dynamic_sampling_rounds:
             self.state["sampler"] = self.sampler.state_dict()
+        # The run's wall time over every sitting so far (a resumed run adds this sitting's).
+        self.state["wall_time_s"] = round(self.wall_time_before + time.monotonic() - self.sitting_started, 1)
         self.actor.save(self.run_dir, step, self.state, self.main)
         if self.parallel is not None:
             self.parallel.barrier()

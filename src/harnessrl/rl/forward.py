@@ -165,7 +165,7 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     would append to twice; ``prefix_layer_class``'s never grows on a replay)."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.2x's name
+    enable = getattr(model, "activation_checkpointing_enable", None)  # the newer name; the old one warns
     if enable is not None:
         enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:

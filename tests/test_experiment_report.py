@@ -150,6 +150,8 @@ def test_the_learning_experiment_runs_the_frontier_against_the_sft_only_control(
     assert cfg.frontier and cfg.dynamic_sampling_rounds >= 1 and cfg.steps >= 30 and cfg.k == 2
     # The sweep's choice: LoRA adapters under RL over a fully fine-tuned shared warm start.
     assert cfg.lora_rank == 16 and warm_start_config(learn, learn.seeds[0], tmp_path).lora_rank == 0
+    # the same numbers with less memory: the warm start and the RL arm recompute their layers
+    assert cfg.activation_checkpointing and warm_start_config(learn, learn.seeds[0], tmp_path).activation_checkpointing
     assert cfg.model == str(tmp_path / "warm-start" / "seed0" / "checkpoints" / "step-000000" / "model")
     assert learn.eval.held_out * learn.eval.tasks >= 96  # paired in-space units per seed
     assert cfg.eval_every == learn.eval.curve_every > 0 and cfg.eval_base  # the learning curve's points

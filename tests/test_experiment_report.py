@@ -513,3 +513,20 @@ def test_a_warm_start_reads_no_rl_setting_so_an_rl_sweep_reuses_it(tmp_path, tin
         "sft_warm_start_steps: 1}", "sft_warm_start_steps: 1, sft_learning_rate: 0.01}")))
     with pytest.raises(ValueError, match=r"seed5: a warm start with another sft_learning_rate is there"):
         shared_warm_start(relearned, 5, first, log=lambda m: None)
+
+
+def test_a_setting_that_keeps_the_numbers_does_not_make_another_run():
+    """``activation_checkpointing`` gives the same numbers bit for bit (test_activation_checkpointing.py),
+    so a warm start or an arm finished without it is reused with it; a field that changes rounding
+    (the micro-batch budget) still makes another run, and so does a step-0 run's RL field only
+    when the run has RL steps."""
+    from harnessrl.experiment.spec import SAME_NUMBERS_FIELDS, changed_fields
+    from harnessrl.rl.config import TrainConfig
+
+    assert SAME_NUMBERS_FIELDS == ("activation_checkpointing",)
+    for steps in (0, 3):
+        recorded = TrainConfig(steps=steps).model_dump()
+        assert changed_fields(recorded, TrainConfig(steps=steps, activation_checkpointing=True)) == []
+        assert changed_fields(recorded, TrainConfig(steps=steps, micro_batch_tokens=1024)) == ["micro_batch_tokens"]
+    assert changed_fields(TrainConfig(steps=0).model_dump(), TrainConfig(steps=0, learning_rate=0.5)) == []
+    assert changed_fields(TrainConfig(steps=3).model_dump(), TrainConfig(steps=3, learning_rate=0.5)) == ["learning_rate"]

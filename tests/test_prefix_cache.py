@@ -13,8 +13,9 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 from conftest import save_tiny_model  # noqa: E402
 from harnessrl.policy.base import Generation, GenerationRequest, SamplingParams  # noqa: E402
+from harnessrl.policy.cascade import row_groups  # noqa: E402
 from harnessrl.policy.hf import HFPolicy  # noqa: E402
-from harnessrl.policy.kv_slab import GROUPED_SDPA, KVSlab, grouped_sdpa_attention, row_groups  # noqa: E402
+from harnessrl.policy.kv_slab import GROUPED_SDPA, KVSlab, grouped_sdpa_attention  # noqa: E402
 from harnessrl.policy.prefix_cache import PrefixCache  # noqa: E402
 
 LOGPROB_TOLERANCE = 1e-4

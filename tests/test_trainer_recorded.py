@@ -194,7 +194,7 @@ def test_activation_checkpointing_changes_no_number(name, tiny_model, tmp_path, 
     enabled = []
     monkeypatch.setattr(actor, "enable_activation_checkpointing",
                         lambda model, enable=actor.enable_activation_checkpointing: enabled.append(enable(model)))
-    plain = one_thread_run(name, tiny_model, tmp_path / "plain")
+    plain = one_thread_run(name, tiny_model, tmp_path / "plain", activation_checkpointing=False)
     assert not enabled
     checkpointed = one_thread_run(name, tiny_model, tmp_path / "checkpointed", activation_checkpointing=True)
     assert len(enabled) == 1  # the trained model, once

@@ -209,11 +209,20 @@ whatever they are, so a file whose RL settings changed (an RL sweep) reuses its 
 controls instead of retraining them (tests/test_experiment_report.py holds the list to that)."""
 
 
+SAME_NUMBERS_FIELDS = ("activation_checkpointing",)
+"""TrainConfig fields that change how a run computes, not what: with or without them a run gives
+the same metrics and weights bit for bit (tests/test_activation_checkpointing.py,
+test_trainer_recorded.py), so a finished run is reused whatever they are."""
+
+
 def changed_fields(recorded: dict[str, Any], cfg: TrainConfig) -> list[str]:
     """Returns the fields in which a finished run's recorded config differs from ``cfg`` (none:
-    the same run); for a run with no RL step (``steps: 0``) ``RL_STEP_FIELDS`` are not compared."""
+    the same run), ``SAME_NUMBERS_FIELDS`` left out; for a run with no RL step (``steps: 0``)
+    ``RL_STEP_FIELDS`` are not compared either."""
     now = cfg.model_dump()
-    skip = set(RL_STEP_FIELDS) if cfg.steps == 0 and recorded.get("steps") == 0 else set()
+    skip = set(SAME_NUMBERS_FIELDS)
+    if cfg.steps == 0 and recorded.get("steps") == 0:
+        skip |= set(RL_STEP_FIELDS)
     return sorted(name for name in set(now) | set(recorded)
                   if name not in skip and recorded.get(name, "<absent>") != now.get(name, "<absent>"))
 

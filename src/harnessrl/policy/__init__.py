@@ -53,21 +53,21 @@ def make_policy(spec: str, seed: int = 0, **kwargs: Any) -> Policy:
 
 def make_training_policy(
     model: str | None, device: str = "auto", dtype: Any = "auto", *,
-    server: str | None = None, server_model: str = "embedded", weights_dir: Any = None,
+    server: str | None = None, server_model: str = "embedded", weights_dir: Any = None, cascade_attention: bool = False,
 ) -> WeightSyncedPolicy:
     """Returns the policy that rolls out for the trainer (``rl/loop.py``): with ``server`` (a
     vLLM server's ``http://host:port/v1``) a ``ServedTrainingPolicy`` of its model
     ``server_model``, whose weights are synced over HTTP through the folder ``weights_dir``; else an in-process ``HFPolicy`` of
     the local model folder ``model`` (``None`` or ``"embedded"``: the embedded default) on
-    ``device`` with weights in ``dtype``. The trainer uses only the ``WeightSyncedPolicy``
-    interface."""
+    ``device`` with weights in ``dtype`` (``cascade_attention``: see ``HFPolicy``). The trainer
+    uses only the ``WeightSyncedPolicy`` interface."""
     if server is not None:
         from harnessrl.policy.served import ServedTrainingPolicy
 
         return ServedTrainingPolicy(server, server_model, weights_dir)
     from harnessrl.policy.hf import HFPolicy
 
-    return HFPolicy(model, device=device, dtype=dtype)
+    return HFPolicy(model, device=device, dtype=dtype, cascade_attention=cascade_attention)
 
 
 __all__ = [

@@ -93,9 +93,16 @@ from harnessrl.policy.base import (
     WeightSyncedPolicy,
     triage_requests,
 )
+from harnessrl.policy.cascade import (
+    MIN_SHARED_PREFIX,
+    cascade_order,
+    decode_blocks,
+    prefix_groups,
+    row_groups,
+)
 from harnessrl.policy.device import resolve_device, resolve_dtype
 from harnessrl.policy.embedded import resolve_model_path
-from harnessrl.policy.kv_slab import GROUPED_SDPA, KVSlab, row_groups
+from harnessrl.policy.kv_slab import GROUPED_SDPA, KVSlab
 from harnessrl.policy.merged import sampling_weights
 from harnessrl.policy.packed_linear import PackedLinears, onednn_linear_available
 from harnessrl.policy.prefix_cache import PrefixCache, PrefixCacheStats
@@ -122,6 +129,10 @@ class HFPolicy(WeightSyncedPolicy):
     weights packed once (``policy/packed_linear.py``; 2-3x faster decode steps on this project's
     CPU, same function up to float rounding, the packed copies take the linear weights' memory
     again); ``None`` turns it on wherever it can run (CPU, float32 or bfloat16).
+    ``cascade_attention``: rows of a batch that share a prompt prefix (a GRPO group's rollouts)
+    sit next to each other and a decode step reads their prefix once for all of them
+    (``policy/cascade.py``; the same attention up to rounding); it needs the prefix cache and
+    SDPA, and is off otherwise.
     ``generate`` calls are serialized by a lock.
     """
 
@@ -134,6 +145,7 @@ class HFPolicy(WeightSyncedPolicy):
         attn_implementation: str | None = None,
         max_prefix_cache_tokens: int = 65536,
         packed_linear: bool | None = None,
+        cascade_attention: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -188,6 +200,7 @@ class HFPolicy(WeightSyncedPolicy):
             if max_prefix_cache_tokens > 0 and self._full_attention
             else None
         )
+        self.cascade_attention = cascade_attention and self._grouped_attention and self.prefix_cache is not None
         self._weights_seen: tuple[int, int] | None = None
         self._lock = threading.Lock()
         can_pack = onednn_linear_available(self.device, self.dtype)
@@ -278,7 +291,10 @@ class HFPolicy(WeightSyncedPolicy):
         # Similar lengths share a batch, so little compute goes to padding, and rows come
         # longest first, so decode attention splits them into tight length tiers. Per-request
         # generators make the tokens independent of this grouping.
-        runnable.sort(key=lambda index: len(requests[index].prompt_ids), reverse=True)
+        if self.cascade_attention:  # and rows that share a prefix next to each other
+            runnable = [runnable[i] for i in cascade_order([requests[index].prompt_ids for index in runnable])]
+        else:
+            runnable.sort(key=lambda index: len(requests[index].prompt_ids), reverse=True)
         for start in range(0, len(runnable), self.max_batch_size):
             chunk = runnable[start : start + self.max_batch_size]
             sink: TokenSink | None = None
@@ -410,16 +426,18 @@ class HFPolicy(WeightSyncedPolicy):
             attention_mask[row, width - length :] = 1
         next_positions = torch.tensor(prompt_lengths, device=self.device)
         slab: KVSlab | None = None
+        cascade: tuple[list[int], list[int]] | None = None  # each row's group, each group's shared prefix
         if self._full_attention:
             # Room for the prompts and every token but the last (which is never fed back).
             slab = self._new_slab(rows, width + max(budgets) - 1, width)
-            logits = torch.cat(
-                [
-                    self._prefill_row(prompt, slab.buffer[:, :, row : row + 1, :, :width])
-                    for row, prompt in enumerate(prompts)
-                ]
-            )
+            prefilled = [
+                self._prefill_row(prompt, slab.buffer[:, :, row : row + 1, :, :width])
+                for row, prompt in enumerate(prompts)
+            ]
+            logits = torch.cat([row_logits for row_logits, _ in prefilled])
             cache = slab.cache()
+            if self.cascade_attention:
+                cascade = self._cascade_groups(prompts, [reused for _, reused in prefilled])
         else:
             logits, cache = self._prefill_padded(prompts, attention_mask)
 
@@ -468,8 +486,14 @@ class HFPolicy(WeightSyncedPolicy):
             if slab is not None and self._grouped_attention:
                 # Columns each row fills once this step's token is in: rows are right-aligned.
                 fed = attention_mask.shape[1] - width
-                groups = row_groups([prompt_lengths[row] + fed for row in active])
-                if len(groups) > 1:
+                lengths = [prompt_lengths[row] + fed for row in active]
+                if cascade is not None:
+                    group_of, shared = cascade
+                    extra["harnessrl_cascade"] = decode_blocks(
+                        lengths, [group_of[row] for row in active], shared,
+                        [width - prompt_lengths[row] for row in active],
+                    )
+                elif len(groups := row_groups(lengths)) > 1:
                     extra["harnessrl_row_groups"] = groups
             outputs = self.model(
                 input_ids=next_input,
@@ -494,10 +518,25 @@ class HFPolicy(WeightSyncedPolicy):
         )
         return KVSlab(buffer, length)
 
-    def _prefill_row(self, prompt: list[int], columns: torch.Tensor) -> torch.Tensor:
+    def _cascade_groups(self, prompts: list[list[int]], reused: list[int]) -> tuple[list[int], list[int]] | None:
+        """Returns each row's group and each group's shared prefix for cascade attention, or
+        ``None`` when no rows share one. A group's prefix is read from its first row's columns,
+        so it is cut to what every other row copied from the prefix cache (the keys and values
+        its first row computed or copied, bit for bit) and not recomputed itself."""
+        group_of: list[int] = []
+        shared: list[int] = []
+        for group, (first, end, prefix) in enumerate(prefix_groups(prompts)):
+            if end - first > 1:
+                prefix = min(prefix, *reused[first + 1 : end])
+            shared.append(prefix if prefix >= MIN_SHARED_PREFIX else 0)
+            group_of.extend([group] * (end - first))
+        return (group_of, shared) if any(shared) else None
+
+    def _prefill_row(self, prompt: list[int], columns: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Prefills one prompt into ``columns`` (a view ``[layers, 2, 1, kv_heads, width, head_dim]``
         of the batch slab whose last ``len(prompt)`` columns are the prompt's; the ones before are
-        left padding) and returns the float32 logits after its last token, shape [1, vocab].
+        left padding) and returns the float32 logits after its last token, shape [1, vocab], and
+        the prompt tokens whose keys and values it copied from the prefix cache.
 
         The longest cached prefix is copied in and only the rest runs through the model; then
         the prompt's KV goes into the prefix cache, so later rows of this batch reuse it too.
@@ -532,7 +571,7 @@ class HFPolicy(WeightSyncedPolicy):
         stats.prefilled_tokens += length - reused
         if self.prefix_cache is not None:
             self.prefix_cache.insert(prompt, prompt_columns[:, :, 0])
-        return cast(torch.Tensor, outputs.logits[:, -1, :].float())
+        return cast(torch.Tensor, outputs.logits[:, -1, :].float()), reused
 
     def _prefill_padded(
         self, prompts: list[list[int]], attention_mask: torch.Tensor

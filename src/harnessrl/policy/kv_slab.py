@@ -2,8 +2,9 @@
 
 ``HFPolicy`` (``policy/hf.py``) decodes a left-padded batch whose keys and values live in a
 ``KVSlab``, written in place each step; in a decode step every length tier of the batch
-(``row_groups``) attends over only the columns its rows fill. ``grouped_sdpa_attention`` is
-registered with transformers as ``harnessrl_grouped_sdpa`` when this module is imported.
+(``policy/cascade.py:row_groups``) attends over only the columns its rows fill, or, with cascade
+attention, a prefix its rows share is read once (``policy/cascade.py``). ``grouped_sdpa_attention``
+is registered with transformers as ``harnessrl_grouped_sdpa`` when this module is imported.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from harnessrl.policy.cascade import CascadeBlock, cascade_attention
+
 GROUPED_SDPA = "harnessrl_grouped_sdpa"
 
 
@@ -33,13 +36,17 @@ def grouped_sdpa_attention(
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
     harnessrl_row_groups: Sequence[tuple[int, int, int]] | None = None,
+    harnessrl_cascade: Sequence[CascadeBlock] | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' SDPA attention, except that in a decode step of a left-padded batch each
     group ``(first_row, end_row, columns)`` attends over only the last ``columns`` key columns,
     the ones its longest row fills; the rest of its columns are padding its mask zeroes anyway,
-    so the result is the same while the keys and values read drop by the padding. Without groups
-    (prefill, training, other callers) it is plain SDPA."""
+    so the result is the same while the keys and values read drop by the padding. With
+    ``harnessrl_cascade`` blocks a decode step reads each shared prefix once
+    (``policy/cascade.py``). Without either (prefill, training, other callers) it is plain SDPA."""
+    if harnessrl_cascade is not None and query.shape[2] == 1:
+        return cascade_attention(query, key, value, harnessrl_cascade, kwargs["scaling"]), None
     if (
         harnessrl_row_groups is None
         or query.shape[2] != 1
@@ -60,20 +67,6 @@ def grouped_sdpa_attention(
 
 AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(GROUPED_SDPA, sdpa_mask)
-
-
-def row_groups(lengths: Sequence[int], keep: float = 0.8) -> list[tuple[int, int, int]]:
-    """Returns contiguous groups ``(first_row, end_row, columns)`` of a right-aligned batch: a row
-    joins the group before it while it fills at least ``keep`` of that group's ``columns`` (the
-    longest length in it). ``HFPolicy`` sorts rows longest first, so groups follow length tiers."""
-    groups: list[tuple[int, int, int]] = []
-    for row, length in enumerate(lengths):
-        if groups and length >= keep * groups[-1][2] and length <= groups[-1][2]:
-            first, _, columns = groups[-1]
-            groups[-1] = (first, row + 1, columns)
-        else:
-            groups.append((row, row + 1, length))
-    return groups
 
 
 class KVSlab:

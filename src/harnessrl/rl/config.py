@@ -78,6 +78,12 @@ class TrainConfig(BaseModel):
     max_new_tokens: int = Field(DEFAULT_MAX_NEW_TOKENS, ge=1, description="tokens the policy may sample per turn")
     context_tokens: int = Field(8192, ge=256, description="model context window")
     max_concurrent: int = Field(EngineOptions.max_concurrent, ge=1, description="episodes in flight in the rollout engine")
+    cascade_attention: bool = Field(
+        False,
+        description="the in-process policy (rollouts and the run's evaluations) reads a prompt prefix that rows of "
+        "a batch share (a GRPO group's) once per decode step (policy/cascade.py): the same attention up to "
+        "rounding, fewer keys and values read",
+    )
     env_workers: int = Field(EngineOptions.env_workers, ge=1, description="threads for sandbox steps")
     sandbox_backend: str = Field(EngineOptions.backend, description="sandbox backend: auto, bwrap, unshare, none")
 
@@ -117,7 +123,7 @@ class TrainConfig(BaseModel):
         description="recompute each decoder layer's activations in the backward pass instead of keeping them "
         "(verl's enable_gradient_checkpointing, TRL's gradient_checkpointing): the same gradients, bit for bit, "
         "at about one hidden state per layer and token of memory, for one more forward per update; lets "
-        "micro_batch_tokens grow so that a group's prompt runs once (rl/forward.py)",
+        "micro_batch_tokens grow so that a group's prompt runs once (rl/forward.py). On in the quick preset",
     )
     ppo_epochs: int = Field(
         1,
@@ -401,6 +407,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "temperature": 0.7,
         "learning_rate": 2e-6,
         "micro_batch_tokens": 6144,
+        # the same numbers bit for bit, about half the peak memory (docs/benchmarks.md, issue 29)
+        "activation_checkpointing": True,
         "sft_warm_start_steps": 16,
         "sft_tasks": 64,
         "sft_learning_rate": 1e-4,

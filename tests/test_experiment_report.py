@@ -518,8 +518,8 @@ def test_a_warm_start_reads_no_rl_setting_so_an_rl_sweep_reuses_it(tmp_path, tin
 def test_a_setting_that_keeps_the_numbers_does_not_make_another_run():
     """``activation_checkpointing`` gives the same numbers bit for bit (test_activation_checkpointing.py),
     so a warm start or an arm finished without it is reused with it; a field that changes rounding
-    (the micro-batch budget) still makes another run, and so does a step-0 run's RL field only
-    when the run has RL steps."""
+    (the micro-batch budget) still makes another run, and so does an RL field only when the run
+    has RL steps; a field added after a run was recorded counts as its default there."""
     from harnessrl.experiment.spec import SAME_NUMBERS_FIELDS, changed_fields
     from harnessrl.rl.config import TrainConfig
 
@@ -529,4 +529,9 @@ def test_a_setting_that_keeps_the_numbers_does_not_make_another_run():
         assert changed_fields(recorded, TrainConfig(steps=steps, activation_checkpointing=True)) == []
         assert changed_fields(recorded, TrainConfig(steps=steps, micro_batch_tokens=1024)) == ["micro_batch_tokens"]
     assert changed_fields(TrainConfig(steps=0).model_dump(), TrainConfig(steps=0, learning_rate=0.5)) == []
+    # a run recorded before a field existed had its default's behaviour; a run with another value did not
+    older = {name: value for name, value in TrainConfig(steps=3).model_dump().items() if name != "cascade_attention"}
+    assert changed_fields(older, TrainConfig(steps=3)) == []
+    assert changed_fields(older, TrainConfig(steps=3, cascade_attention=True)) == ["cascade_attention"]
+    assert changed_fields({**older, "retired_field": 1}, TrainConfig(steps=3)) == ["retired_field"]
     assert changed_fields(TrainConfig(steps=3).model_dump(), TrainConfig(steps=3, learning_rate=0.5)) == ["learning_rate"]

@@ -218,13 +218,20 @@ test_trainer_recorded.py), so a finished run is reused whatever they are."""
 def changed_fields(recorded: dict[str, Any], cfg: TrainConfig) -> list[str]:
     """Returns the fields in which a finished run's recorded config differs from ``cfg`` (none:
     the same run), ``SAME_NUMBERS_FIELDS`` left out; for a run with no RL step (``steps: 0``)
-    ``RL_STEP_FIELDS`` are not compared either."""
+    ``RL_STEP_FIELDS`` are not compared either. A field the record lacks was added since, and
+    a new field's default keeps the behaviour from before it: the record counts as having it."""
     now = cfg.model_dump()
+    fields = type(cfg).model_fields
     skip = set(SAME_NUMBERS_FIELDS)
     if cfg.steps == 0 and recorded.get("steps") == 0:
         skip |= set(RL_STEP_FIELDS)
-    return sorted(name for name in set(now) | set(recorded)
-                  if name not in skip and recorded.get(name, "<absent>") != now.get(name, "<absent>"))
+
+    def was(name: str) -> Any:
+        if name in recorded:
+            return recorded[name]
+        return fields[name].get_default(call_default_factory=True) if name in fields else "<absent>"
+
+    return sorted(name for name in set(now) | set(recorded) if name not in skip and was(name) != now.get(name, "<absent>"))
 
 
 def warm_start_dir(out_dir: Path, seed: int) -> Path:

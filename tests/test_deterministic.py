@@ -111,6 +111,24 @@ def test_codex_header_shows_the_stand_in_too():
     assert "command timed out after 1000 milliseconds" in observations[1]
 
 
+def test_a_listing_of_the_starting_files_shows_a_fixed_date():
+    """``ls -l`` of the files a task lays out shows when the episode ran, unless the run is
+    deterministic: then every starting entry carries 2026-01-01 (an RL run's turn-2 prompts
+    differed between two runs of one experiment by this alone)."""
+    from harnessrl.tasks.model import TaskSetup
+
+    listing = Task(id="listing", instruction="List the notes.", verifier=FileEquals("notes/a.md", "a\n"),
+                   setup=TaskSetup(files={"notes/a.md": "a\n", "b.txt": "b\n"}),
+                   gold=[Action.run("ls -l --time-style=+%Y-%m-%d notes b.txt; stat -c %Y notes ."), Action.submit("")])
+    measured = oracle_observations("S0-T0-O0-C0-W0", HarnessLimits(max_new_tokens=16_384, context_tokens=262_144),
+                                   listing)[0]
+    assert "notes" in measured and "2026-01-01" not in measured and "1767225600" not in measured
+    fixed = oracle_observations("S0-T0-O0-C0-W0", HarnessLimits(max_new_tokens=16_384, context_tokens=262_144,
+                                                                fixed_wall_time=True), listing)[0]
+    assert fixed.count("2026-01-01") == 2  # notes/a.md and b.txt
+    assert fixed.count("1767225600") == 2  # the folder and the workspace itself
+
+
 # -- two trainings ---------------------------------------------------------------------------
 
 # metrics.jsonl keys that measure the machine, not the run: left out of the comparison.

@@ -26,7 +26,9 @@ class HarnessLimits:
     command_timeout_s: float = 30.0  # wall-clock limit of one command in the sandbox
     # Observations show a fixed stand-in for a command's wall time (O2's wall_time_s, the Codex
     # header's): 0, or command_timeout_s for a command that timed out. Deterministic runs set it,
-    # so that a prompt is a function of the episode alone, not of the machine's load.
+    # so that a prompt is a function of the episode alone, not of the machine's load; the starting
+    # workspace's files then show a fixed date too (sandbox/workspace.py:FIXED_FILE_TIME; files the
+    # policy's own commands write carry the sandbox's real clock).
     fixed_wall_time: bool = False
 
     def __post_init__(self) -> None:

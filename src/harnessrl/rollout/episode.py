@@ -93,6 +93,8 @@ class Episode:
         """Lays out the workspace and writes the opening messages."""
         t0 = time.perf_counter()
         prepare_workspace(self.task, self.sandbox)
+        if self.limits.fixed_wall_time:  # a listing of the starting files shows no clock either
+            self.sandbox.workspace.freeze_times()
         t1 = time.perf_counter()
         ctx = PromptContext(self.task, self.harness.tools, self.harness.workflow, self.limits.max_turns)
         self.history.append(Message("system", self.harness.system.system_message(ctx), SPAN_SYSTEM, pinned=True))

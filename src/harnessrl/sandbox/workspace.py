@@ -39,6 +39,10 @@ QUOTA_SOURCE = "harnessrl-quota"  # the tmpfs source name of every quota mount, 
 _quota_warned = False
 
 
+FIXED_FILE_TIME = 1_767_225_600.0
+"""2026-01-01 00:00:00 UTC: the time a deterministic episode's starting files show (``Workspace.freeze_times``)."""
+
+
 def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
@@ -186,6 +190,18 @@ class Workspace:
                 f"path '{shown}' is outside the workspace (a symlink on the way points outside)"
             )
         return Path(real)
+
+    def freeze_times(self, when: float = FIXED_FILE_TIME) -> int:
+        """Sets the access and modification time of the workspace and everything in it (symlinks
+        themselves, not their targets) to ``when``, so that a listing (``ls -l``, ``stat``) shows
+        the same dates whenever the episode runs; returns how many entries it set."""
+        count = 0
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            for name in [*dirnames, *filenames]:
+                os.utime(os.path.join(dirpath, name), (when, when), follow_symlinks=False)
+                count += 1
+        os.utime(self.root, (when, when))
+        return count + 1
 
     def close(self) -> None:
         """Remove the directory (unless ``keep``); safe to call twice."""

@@ -7,6 +7,8 @@ once per process, so the sum is an upper bound on what the tree takes from the m
 one line per ``--every`` seconds while it runs, then the peak (with the time it happened and the
 process count then), the final sample before the command exited, the command's exit status and
 wall time; ``--json FILE`` writes the samples too. The benchmark's exit status is the command's.
+SIGTERM or Ctrl-C stops the command (a second one kills it) and still reports and writes what
+was sampled; each progress line shows the peak so far.
 
     python benchmarks/bench_memory.py [--interval 0.5] [--json out.json] -- harnessrl train --preset quick
     python benchmarks/bench_memory.py -- harnessrl experiment configs/cpu_learn.yaml --out X --jobs 2
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -96,17 +99,29 @@ def main() -> int:
 
     started = time.monotonic()
     process = subprocess.Popen(command)
+    # SIGTERM / SIGINT to the benchmark stop the command, and the samples so far are still reported
+    # and written (a measurement cut short keeps its peak).
+    received: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda number, _frame: received.append(number))
+    forwarded = 0
     samples: list[tuple[float, int, int]] = []  # (seconds since start, bytes, processes)
     shown = started
+    top = (0.0, 0, 0)
     while True:
         rss, count = tree_rss(process.pid)
         now = time.monotonic()
         if process.poll() is not None:
             break
         samples.append((round(now - started, 2), rss, count))
+        top = max(top, samples[-1], key=lambda s: s[1])
+        if len(received) > forwarded:  # the first signal goes on as SIGTERM, a later one as SIGKILL
+            process.send_signal(signal.SIGTERM if forwarded == 0 else signal.SIGKILL)
+            forwarded = len(received)
         if args.every and now - shown >= args.every:
             shown = now
-            print(f"[bench_memory] {now - started:7.1f}s  {gib(rss)} over {count} processes", file=sys.stderr)
+            print(f"[bench_memory] {now - started:7.1f}s  {gib(rss)} over {count} processes "
+                  f"(peak so far {gib(top[1])} at {top[0]:.0f}s)", file=sys.stderr)
         time.sleep(args.interval)
     wall = time.monotonic() - started
     if not samples:

@@ -158,6 +158,12 @@ def test_the_learning_experiment_runs_the_frontier_against_the_sft_only_control(
     bound = executor_rollouts_bound(cfg)
     assert bound["first_pass"] == cfg.steps * cfg.tasks_per_step * cfg.group_size
     assert bound["sampling_at_most"] == bound["first_pass"] * cfg.dynamic_sampling_rounds and bound["rescue_at_most"] == 0
+    # the rescue arm: the same RL setting, and what stays all-fail after dynamic sampling goes to random space siblings
+    rescued = arm_config(learn, arms["rl-frontier-rescue"], learn.seeds[0], tmp_path)
+    assert rescued.model_dump(exclude={"rescue", "siblings", "router", "rescue_k", "run_dir"}) == cfg.model_dump(
+        exclude={"rescue", "siblings", "router", "rescue_k", "run_dir"})
+    assert (rescued.rescue, rescued.siblings, rescued.router, rescued.rescue_k) == ("siblings", "space", "random", 4)
+    assert executor_rollouts_bound(rescued)["validation"] == 0  # random routing runs no paired validation
 
 
 @pytest.mark.parametrize(("text", "message"), [

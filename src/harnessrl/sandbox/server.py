@@ -381,8 +381,10 @@ class CommandServer:
                 self.send({"exited": True, "sid": sid, "code": code})
 
     def kill_group(self, pgid: int) -> None:
-        """SIGKILL a process group until it is gone (its zombies reaped), for up to 2 s."""
-        deadline = time.monotonic() + 2.0
+        """SIGKILL a process group until it is gone (its zombies reaped), for up to 10 s: a fork
+        bomb's group is gone in milliseconds on a quiet machine, but 2 s (the bound before) ran out
+        once under a test run's own load and left 49-63 of its processes forking."""
+        deadline = time.monotonic() + 10.0
         while True:
             try:
                 os.killpg(pgid, signal.SIGKILL)

@@ -100,6 +100,7 @@ from harnessrl.policy.cascade import (
     prefix_groups,
     row_groups,
 )
+from harnessrl.policy.continuous import StepDecoder, open_decoder
 from harnessrl.policy.device import resolve_device, resolve_dtype
 from harnessrl.policy.embedded import resolve_model_path
 from harnessrl.policy.kv_slab import GROUPED_SDPA, KVSlab
@@ -229,6 +230,18 @@ class HFPolicy(WeightSyncedPolicy):
         with self._lock, self._linears_installed():
             self._drop_stale_prefix_cache()
             return self._generate_locked(requests, on_tokens)
+
+    def continuous(self) -> contextlib.AbstractContextManager[StepDecoder]:
+        """Returns a context holding a ``StepDecoder`` (``policy/continuous.py``): one decode batch
+        that requests join and leave between steps (continuous batching), the conventions of
+        ``generate`` otherwise. The policy's lock is held while it is open. Only for models
+        whose layers all use full attention (``supports_continuous``)."""
+        return open_decoder(self)
+
+    @property
+    def supports_continuous(self) -> bool:
+        """Whether ``continuous`` can run on this model (every layer full attention)."""
+        return self._full_attention
 
     def clear_prefix_cache(self) -> None:
         """Drops every cached prefix; call it whenever the model's weights change."""

@@ -84,6 +84,12 @@ class TrainConfig(BaseModel):
         "a batch share (a GRPO group's) once per decode step (policy/cascade.py): the same attention up to "
         "rounding, fewer keys and values read",
     )
+    continuous_batching: bool = Field(
+        EngineOptions.continuous_batching,
+        description="in-process rollouts and evaluations run one decode batch that each episode's next request joins "
+        "at the next decode step (policy/continuous.py), instead of waiting for the batch's last row; tokens as a "
+        "request gets alone, up to float rounding; with deterministic the joins are a function of the jobs",
+    )
     env_workers: int = Field(EngineOptions.env_workers, ge=1, description="threads for sandbox steps")
     sandbox_backend: str = Field(EngineOptions.backend, description="sandbox backend: auto, bwrap, unshare, none")
 
@@ -386,7 +392,7 @@ class TrainConfig(BaseModel):
             limits=limits, temperature=temperature, seed=self.seed if seed is None else seed,
             backend=self.sandbox_backend, max_concurrent=self.max_concurrent, env_workers=self.env_workers,
             progress=progress, max_new_tokens=self.max_new_tokens, top_p=1.0 if evaluation else self.top_p,
-            deterministic=self.deterministic,
+            deterministic=self.deterministic, continuous_batching=self.continuous_batching,
         )
 
 

@@ -10,6 +10,14 @@ Which episodes share a batch is a matter of timing (who left the sandbox first),
 shape moves a row's rounding (bfloat16 most). ``deterministic`` runs in lockstep instead:
 every admitted episode reaches its next policy call (or its end) before a batch forms, and the
 batch is in job order, so two runs form the same batches whatever else the machine does.
+
+``continuous_batching`` (a policy with ``continuous()``, ``HFPolicy``) drops the batch barrier:
+one decode batch runs for the whole ``run``, an episode's request joins it at the next decode
+step, and each finished generation goes back to its episode at once, so the next turn of an
+episode whose row finished early decodes beside the rows still running
+(``policy/continuous.py``). With ``deterministic`` a request returned by the sandbox joins at
+the decode step right after the one that finished its last turn (the engine waits for it
+there), in job order: the batches are again a function of the jobs.
 """
 
 from __future__ import annotations
@@ -92,6 +100,8 @@ class EngineOptions:
     ``batch_wait_s`` is how long a ready batch waits for episodes still in a sandbox step;
     ``deterministic`` waits for all of them instead and orders the batch by job (lockstep: the
     batches are a function of the jobs, not of timing; ``batch_wait_s`` is then unused).
+    ``continuous_batching`` runs one decode batch that requests join and leave step by step
+    (module docstring) where the policy can (``supports_continuous``); elsewhere it is ignored.
     """
 
     max_concurrent: int = 16  # the one default of episodes in flight (evaluation, training, CLIs)
@@ -101,6 +111,7 @@ class EngineOptions:
     sandbox_limits: SandboxLimits | None = None
     batch_wait_s: float = 1.0
     deterministic: bool = False
+    continuous_batching: bool = False
 
     def __post_init__(self) -> None:
         if self.max_concurrent < 1 or self.env_workers < 1:
@@ -132,9 +143,10 @@ class RolloutEngine:
         on_trajectory: Callable[[int, Trajectory], None] | None = None,
         batch_wait_s: float = EngineOptions.batch_wait_s,
         deterministic: bool = False,
+        continuous_batching: bool = False,
     ) -> None:
         self.options = EngineOptions(max_concurrent, env_workers, sampling, backend, sandbox_limits, batch_wait_s,
-                                     deterministic)
+                                     deterministic, continuous_batching)
         self.policy = policy
         self.progress = progress
         self.on_trajectory = on_trajectory
@@ -213,72 +225,135 @@ class RolloutEngine:
         results: list[Trajectory | None] = [None] * len(jobs)
         start = time.perf_counter()
         bar = _progress_bar(len(jobs)) if self.progress else None
+
+        def record(slot: _Slot) -> bool:
+            """Keeps a finished episode's trajectory; returns False while the episode goes on."""
+            if slot.trajectory is None:
+                return False
+            results[slot.index] = slot.trajectory
+            self._account(stats, slot.trajectory)
+            if self.on_trajectory is not None:
+                self.on_trajectory(slot.index, slot.trajectory)
+            if bar is not None:
+                bar.update(1, tok_s=f"{stats.tokens_generated / max(1e-9, time.perf_counter() - start):.1f}")
+            return True
+
+        with ThreadPoolExecutor(max_workers=self.options.env_workers, thread_name_prefix="rollout-env") as pool:
+            if self.options.continuous_batching and getattr(self.policy, "supports_continuous", False):
+                self._run_continuous(jobs, pool, record, stats)
+            else:
+                self._run_batched(jobs, pool, record, stats)
+        if bar is not None:
+            bar.close()
+        stats.wall_time_s = time.perf_counter() - start
+        missing = [i for i, r in enumerate(results) if r is None]
+        if missing:  # pragma: no cover - every path records a trajectory
+            raise RuntimeError(f"rollout lost episodes {missing}")
+        return [r for r in results if r is not None], stats
+
+    def _run_batched(self, jobs: list[RolloutJob], pool: ThreadPoolExecutor, record: Callable[[_Slot], bool],
+                     stats: RolloutStats) -> None:
+        """Every episode waiting for the model goes into one ``policy.generate`` call."""
         pending = iter(enumerate(jobs))
         in_flight: set[Future[_Slot]] = set()
         waiting: list[_Slot] = []
         batch_sizes: list[int] = []
 
-        with ThreadPoolExecutor(max_workers=self.options.env_workers, thread_name_prefix="rollout-env") as pool:
+        def launch() -> None:
+            while len(in_flight) + len(waiting) < self.options.max_concurrent:
+                nxt = next(pending, None)
+                if nxt is None:
+                    return
+                in_flight.add(pool.submit(self._open, _Slot(*nxt)))
 
-            def launch() -> None:
-                while len(in_flight) + len(waiting) < self.options.max_concurrent:
-                    nxt = next(pending, None)
-                    if nxt is None:
-                        return
-                    in_flight.add(pool.submit(self._open, _Slot(*nxt)))
+        def collect(done: Iterable[Future[_Slot]]) -> None:
+            for future in done:
+                in_flight.discard(future)
+                slot = future.result()  # _open/_step never raise
+                if not record(slot):
+                    waiting.append(slot)
 
-            def collect(done: Iterable[Future[_Slot]]) -> None:
-                for future in done:
-                    in_flight.discard(future)
-                    slot = future.result()  # _open/_step never raise
-                    if slot.trajectory is not None:
-                        results[slot.index] = slot.trajectory
-                        self._account(stats, slot.trajectory)
-                        if self.on_trajectory is not None:
-                            self.on_trajectory(slot.index, slot.trajectory)
-                        if bar is not None:
-                            bar.update(1, tok_s=f"{stats.tokens_generated / max(1e-9, time.perf_counter() - start):.1f}")
-                    else:
-                        waiting.append(slot)
-
-            launch()
-            while in_flight or waiting:
-                if self.options.deterministic:  # lockstep: all admitted episodes, in job order
-                    while in_flight:
-                        collect(wait(in_flight)[0])
-                        launch()  # freed slots admit the next jobs, which join this batch too
-                    waiting.sort(key=lambda slot: slot.index)
-                    if not waiting:
-                        continue
-                else:
-                    # Take every episode that is ready now; block only when none is.
-                    done = {f for f in in_flight if f.done()}
-                    if not done and not waiting:
-                        done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+        launch()
+        while in_flight or waiting:
+            if self.options.deterministic:  # lockstep: all admitted episodes, in job order
+                while in_flight:
+                    collect(wait(in_flight)[0])
+                    launch()  # freed slots admit the next jobs, which join this batch too
+                waiting.sort(key=lambda slot: slot.index)
+                if not waiting:
+                    continue
+            else:
+                # Take every episode that is ready now; block only when none is.
+                done = {f for f in in_flight if f.done()}
+                if not done and not waiting:
+                    done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                collect(done)
+                launch()
+                if not waiting:
+                    continue
+                if in_flight and self.options.batch_wait_s > 0:
+                    # Environment steps take milliseconds, generation takes seconds: let
+                    # episodes still in the sandbox join this batch instead of the next, or
+                    # the episodes split into cohorts that never share a batch again.
+                    done, _ = wait(in_flight, timeout=self.options.batch_wait_s)
                     collect(done)
                     launch()
-                    if not waiting:
-                        continue
-                    if in_flight and self.options.batch_wait_s > 0:
-                        # Environment steps take milliseconds, generation takes seconds: let
-                        # episodes still in the sandbox join this batch instead of the next, or
-                        # the episodes split into cohorts that never share a batch again.
-                        done, _ = wait(in_flight, timeout=self.options.batch_wait_s)
-                        collect(done)
-                        launch()
-                batch, waiting = waiting, []
-                generations = self._generate(batch, stats)
-                batch_sizes.append(len(batch))
-                for slot, generation in zip(batch, generations, strict=True):
-                    in_flight.add(pool.submit(self._step, slot, generation))
-        if bar is not None:
-            bar.close()
-        stats.wall_time_s = time.perf_counter() - start
+            batch, waiting = waiting, []
+            generations = self._generate(batch, stats)
+            batch_sizes.append(len(batch))
+            for slot, generation in zip(batch, generations, strict=True):
+                in_flight.add(pool.submit(self._step, slot, generation))
         stats.mean_batch_size = sum(batch_sizes) / len(batch_sizes) if batch_sizes else 0.0
-        missing = [i for i, r in enumerate(results) if r is None]
-        if missing:  # pragma: no cover - every path records a trajectory
-            raise RuntimeError(f"rollout lost episodes {missing}")
-        return [r for r in results if r is not None], stats
+
+    def _run_continuous(self, jobs: list[RolloutJob], pool: ThreadPoolExecutor, record: Callable[[_Slot], bool],
+                        stats: RolloutStats) -> None:
+        """One decode batch for the whole run: requests join it step by step (module docstring)."""
+        pending = iter(enumerate(jobs))
+        in_flight: dict[Future[_Slot], int] = {}  # sandbox work -> its slot's job index
+        decoding: dict[int, _Slot] = {}
+        deterministic = self.options.deterministic
+
+        def launch() -> None:
+            while len(in_flight) + len(decoding) < self.options.max_concurrent:
+                nxt = next(pending, None)
+                if nxt is None:
+                    return
+                in_flight[pool.submit(self._open, _Slot(*nxt))] = nxt[0]
+
+        def collect(done: Iterable[Future[_Slot]]) -> None:
+            # In job order, so that requests join the batch in an order the jobs fix.
+            for future in sorted(done, key=in_flight.__getitem__):
+                del in_flight[future]
+                slot = future.result()  # _open/_step never raise
+                if not record(slot):
+                    assert slot.request is not None
+                    decoding[slot.index] = slot
+                    decoder.add(slot.index, slot.request)
+            launch()
+
+        with self.policy.continuous() as decoder:  # type: ignore[attr-defined]  # supports_continuous
+            launch()
+            while in_flight or decoding:
+                if deterministic:  # every episode back from the sandbox before the next step
+                    collect(wait(in_flight)[0] if in_flight else ())
+                    while in_flight and not decoder.running and not decoder.queued:
+                        collect(wait(in_flight)[0])
+                else:
+                    done = [f for f in in_flight if f.done()]
+                    if not done and not decoder.running and not decoder.queued:
+                        done = list(wait(in_flight, return_when=FIRST_COMPLETED)[0])
+                    collect(done)
+                if not decoder.running and not decoder.queued:
+                    continue
+                started = time.perf_counter()
+                finished = decoder.step()
+                stats.generation_time_s += time.perf_counter() - started
+                for key, generation in finished:
+                    slot = decoding.pop(key)  # type: ignore[call-overload]
+                    stats.tokens_generated += len(generation.token_ids)
+                    in_flight[pool.submit(self._step, slot, generation)] = slot.index
+            stats.generation_calls = decoder.stats.steps
+            stats.mean_batch_size = decoder.stats.mean_rows
 
     def _generate(self, batch: Sequence[_Slot], stats: RolloutStats) -> list[Generation]:
         requests = [slot.request for slot in batch]

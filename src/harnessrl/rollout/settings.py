@@ -16,7 +16,8 @@ from harnessrl.rollout.engine import EngineOptions, RolloutEngine
 class RolloutSettings:
     """How rollouts run. ``max_new_tokens`` None is the limits' per-turn limit; ``seed`` is the
     first job seed (run r of a task uses ``seed + r``); ``progress`` shows the episodes'
-    progress on stderr; ``deterministic`` runs the engine in lockstep (``EngineOptions``)."""
+    progress on stderr; ``deterministic`` runs the engine in lockstep and ``continuous_batching``
+    runs one decode batch that requests join step by step (both: ``EngineOptions``)."""
 
     limits: HarnessLimits = field(default_factory=HarnessLimits)
     temperature: float = 0.0
@@ -28,6 +29,7 @@ class RolloutSettings:
     max_new_tokens: int | None = None
     top_p: float = 1.0
     deterministic: bool = False
+    continuous_batching: bool = EngineOptions.continuous_batching
 
     def sampling(self) -> SamplingParams:
         """The sampling of every episode (the harness's per-turn limit still caps it)."""
@@ -39,4 +41,5 @@ class RolloutSettings:
         other options, e.g. ``on_trajectory``)."""
         return RolloutEngine(policy, max_concurrent=self.max_concurrent, env_workers=self.env_workers,
                              sampling=self.sampling(), backend=self.backend, progress=self.progress,
-                             deterministic=self.deterministic, **kwargs)
+                             deterministic=self.deterministic, continuous_batching=self.continuous_batching,
+                             **kwargs)

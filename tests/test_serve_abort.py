@@ -5,6 +5,7 @@ APIs, streamed or not, counts it in ``/health``, and serves the next request."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -59,18 +60,45 @@ class GatedPolicy(HFPolicy):
         self.go_on = threading.Event()
         self.batches: list[list] = []
 
+    def gate(self, ids) -> None:
+        self.sampled += len(ids)
+        if self.sampled == GATE:
+            self.paused.set()
+            self.go_on.wait(timeout=30)
+
     def generate_stream(self, requests, on_tokens):
         def gated(index, ids):
             answer = on_tokens(index, ids)
-            self.sampled += len(ids)
-            if self.sampled == GATE:
-                self.paused.set()
-                self.go_on.wait(timeout=30)
+            self.gate(ids)
             return answer
 
         generations = super().generate_stream(requests, gated)
         self.batches.append(generations)
         return generations
+
+    @contextlib.contextmanager
+    def continuous(self):
+        """The server's continuous batching (its default over HFPolicy): the same gate on each
+        request's token sink; each step's finished generations count as a batch."""
+        with super().continuous() as decoder:
+            add, step = decoder.add, decoder.step
+
+            def gated_add(key, request, on_tokens=None):
+                def gated(ids):
+                    answer = on_tokens(ids) if on_tokens is not None else None
+                    self.gate(ids)
+                    return answer
+
+                add(key, request, gated)
+
+            def recorded_step():
+                finished = step()
+                if finished:
+                    self.batches.append([generation for _, generation in finished])
+                return finished
+
+            decoder.add, decoder.step = gated_add, recorded_step
+            yield decoder
 
 
 ASKS = {
@@ -162,3 +190,32 @@ def test_a_queued_request_whose_client_left_is_never_run(tiny_model):
         state = health(server)
         assert state["batches"] == 1 and state["requests"] == 1 and state["aborted_generations"] == 0
         assert policy.sampled == GATE + 3
+
+
+def test_a_request_arriving_mid_answer_joins_the_running_batch(tiny_model):
+    """Continuous batching (the server's default over HFPolicy): a request that arrives while
+    another is sampling joins that decode batch at its next step instead of waiting for it to
+    end; both are answered in full, by one decoder."""
+    policy = GatedPolicy(tiny_model, device="cpu", max_prefix_cache_tokens=0)
+    with running(policy) as (server, _, _):
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+        answers: dict = {}
+
+        def ask(name: str, tokens: int) -> None:
+            answers[name] = client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": name}], max_tokens=tokens)
+
+        first = threading.Thread(target=ask, args=("One", 60))
+        first.start()
+        assert policy.paused.wait(timeout=30)  # the first request is sampling
+        second = threading.Thread(target=ask, args=("Two", 8))
+        second.start()
+        wait_for(lambda: health(server)["queued_requests"] == 1, "the second request to be queued")
+        policy.go_on.set()
+        first.join(timeout=60)
+        second.join(timeout=60)
+        assert answers["One"].usage.completion_tokens == 60 and answers["Two"].usage.completion_tokens == 8
+        state = health(server)
+        assert state["batches"] == 1 and state["requests"] == 2
+        # the second finished first: it joined 6 tokens into the first's 60 and needed 8
+        assert [len(batch[0].token_ids) for batch in policy.batches] == [8, 60]

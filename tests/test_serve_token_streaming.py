@@ -5,6 +5,7 @@ the non-streamed request returns."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import replace
 
@@ -62,6 +63,28 @@ class PausingPolicy(HFPolicy):
 
     def generate(self, requests):
         return super().generate(_seeded(requests))
+
+    @contextlib.contextmanager
+    def continuous(self):
+        """The server's continuous batching (its default over HFPolicy), seeded and paced alike."""
+        with super().continuous() as decoder:
+            add = decoder.add
+            waited = False
+
+            def paced_add(key, request, on_tokens=None):
+                def paced(ids):
+                    nonlocal waited
+                    self.sampled += len(ids)
+                    answer = on_tokens(ids) if on_tokens is not None else None
+                    if self.sampled >= PAUSE_AFTER_TOKENS and not waited:
+                        waited = True
+                        self.client_saw_text.wait(timeout=30)
+                    return answer
+
+                add(key, _seeded([request])[0], paced)
+
+            decoder.add = paced_add
+            yield decoder
 
 
 def test_generate_stream_hands_over_every_token_of_generate_in_order(tiny_model):

@@ -41,6 +41,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=1024, help="output tokens when a request names no limit")
     p.add_argument("--context-tokens", type=int, default=None, help="context window (default: the model's)")
     p.add_argument("--max-batch-size", type=int, default=64, help="requests per policy batch")
+    p.add_argument("--continuous-batching", action=argparse.BooleanOptionalAction, default=None,
+                   help="requests join the running decode batch at its next step (default: wherever the policy "
+                   "can, the transformers policy); --no-continuous-batching: one batch at a time")
     p.add_argument("--seed", type=int, default=0, help="seed for scripted policies")
     p.add_argument("--max-request-bytes", type=int, default=None,
                    help="larger request bodies get a 413 before they are read (default: what the served "
@@ -124,6 +127,7 @@ def run_serve(args: argparse.Namespace) -> int:
         default_max_tokens=args.max_tokens, max_batch_size=args.max_batch_size,
         context_length=args.context_tokens, max_request_bytes=args.max_request_bytes,
         max_inflight_bytes=args.max_inflight_bytes, body_timeout_s=args.body_timeout,
+        continuous_batching=args.continuous_batching,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -24,7 +24,7 @@ in a new slab (the rows' filled columns copied, ``fill`` as tight as the longest
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -56,6 +56,7 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     aborted: bool = False
+    sink: Callable[[Sequence[int]], bool | None] | None = None  # hears each token; False ends the row
 
     def room(self) -> int:
         """Columns it may still need: every token it may sample but the last is fed back."""
@@ -89,7 +90,7 @@ class StepDecoder:
         self.policy = policy
         self.max_rows = policy.max_batch_size
         self.stats = DecoderStats()
-        self._queue: list[tuple[Hashable, GenerationRequest]] = []
+        self._queue: list[tuple[Hashable, GenerationRequest, Callable[[Sequence[int]], bool | None] | None]] = []
         self._rows: list[_Row] = []
         self._logits: torch.Tensor | None = None  # [rows, vocab]: what each row samples next
         self._storage: torch.Tensor | None = None  # [layers, 2, max_rows, kv_heads, capacity, head_dim]
@@ -100,17 +101,21 @@ class StepDecoder:
 
     # ---------------------------------------------------------------- public API
 
-    def add(self, key: Hashable, request: GenerationRequest) -> None:
-        """Queues ``request``; the next ``step`` admits it when a row is free."""
+    def add(self, key: Hashable, request: GenerationRequest,
+            on_tokens: Callable[[Sequence[int]], bool | None] | None = None) -> None:
+        """Queues ``request``; the next ``step`` admits it when a row is free. ``on_tokens``
+        hears each token the request samples (``[token]``) right after the step that sampled
+        it; when it returns False the request ends there (finish reason ``abort``, as with
+        ``HFPolicy.generate_stream``'s sink)."""
         if key in self._keys():
             raise ValueError(f"request key {key!r} is already queued or running")
-        self._queue.append((key, request))
+        self._queue.append((key, request, on_tokens))
 
     def abort(self, key: Hashable) -> bool:
         """Ends request ``key``: queued, it is dropped; running, the next ``step`` returns it with
         finish reason ``abort`` and the tokens sampled so far, and its row is free. Returns
         False when no such request is queued or running."""
-        for index, (queued, _) in enumerate(self._queue):
+        for index, (queued, _, _) in enumerate(self._queue):
             if queued == key:
                 del self._queue[index]
                 return True
@@ -163,6 +168,8 @@ class StepDecoder:
             token = sampled[index]
             row.tokens.append(token)
             row.logprobs.append(logprobs[index])
+            if row.sink is not None and row.sink([token]) is False:
+                row.aborted = True
             if token in row.params.stop_token_ids:
                 reason = "stop"
             elif row.aborted:
@@ -182,14 +189,14 @@ class StepDecoder:
     # ---------------------------------------------------------------- internals
 
     def _keys(self) -> set[Hashable]:
-        return {key for key, _ in self._queue} | {row.key for row in self._rows}
+        return {key for key, _, _ in self._queue} | {row.key for row in self._rows}
 
     def _admit(self, finished: list[tuple[Hashable, Generation]]) -> None:
         """Moves queued requests into free rows (prefilled, their next logits ready); appends
         the ones answered without the model to ``finished``."""
         policy = self.policy
         while self._queue and len(self._rows) < self.max_rows:
-            key, request = self._queue.pop(0)
+            key, request, sink = self._queue.pop(0)
             results, runnable = triage_requests(
                 [request], context_length=policy.context_length, vocab_size=policy.vocab_size
             )
@@ -202,7 +209,7 @@ class StepDecoder:
             budget = params.max_new_tokens
             if policy.context_length is not None:
                 budget = min(budget, policy.context_length - len(prompt))
-            row = _Row(key, prompt, params, policy._generator(params.seed), budget, len(prompt))
+            row = _Row(key, prompt, params, policy._generator(params.seed), budget, len(prompt), sink=sink)
             self._make_room(len(prompt), row.room())
             assert self._storage is not None
             index = len(self._rows)

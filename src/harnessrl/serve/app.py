@@ -111,6 +111,7 @@ def create_app(
     max_request_bytes: int | None = None,
     max_inflight_bytes: int | None = None,
     body_timeout_s: float = BODY_TIMEOUT_S,
+    continuous_batching: bool | None = None,
 ) -> FastAPI:
     """Returns the server application over ``policy``.
 
@@ -123,11 +124,13 @@ def create_app(
     the policy works; a request body may hold at most ``max_request_bytes`` (default: what
     the served context can hold, ``limits.body_limit``, at most ``MAX_REQUEST_BYTES``) and
     must arrive within ``body_timeout_s``; all bodies in flight together at most
-    ``max_inflight_bytes`` (default ``limits.INFLIGHT_BODIES`` largest bodies: beyond, a 503).
+    ``max_inflight_bytes`` (default ``limits.INFLIGHT_BODIES`` largest bodies: beyond, a 503);
+    ``continuous_batching`` (None: wherever the policy can, ``HFPolicy``) lets a request join the
+    decode batch that is running at its next step (``serve/engine.py:PolicyBatcher``).
     """
     engine = ServeEngine(
         policy, recorder=recorder, context_length=context_length, default_max_tokens=default_max_tokens,
-        max_output_tokens=max_output_tokens, max_batch_size=max_batch_size,
+        max_output_tokens=max_output_tokens, max_batch_size=max_batch_size, continuous_batching=continuous_batching,
     )
     if credentials is not None and api_key is not None:
         raise ValueError("create_app takes api_key or credentials (which holds the operator key), not both")

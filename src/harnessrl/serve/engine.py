@@ -3,7 +3,11 @@
 ``PolicyBatcher`` owns the policy: one worker thread calls ``policy.generate`` (policies are
 not thread-safe), gathering every request that arrived while the previous batch ran into the
 next batch, so parallel agents share forward passes (every batch runs
-``policy.generate_stream``, which hands a stream its ids as they are sampled). A request
+``policy.generate_stream``, which hands a stream its ids as they are sampled). With a policy
+that batches continuously (``HFPolicy``: ``policy/continuous.py``) the worker instead keeps one
+decode batch going while requests are waiting or running: a request joins it at the next decode
+step rather than after the batch in progress, as in vLLM; the decoder (and the policy's lock) is
+let go whenever nothing is running, so a weight sync can come between requests. A request
 whose client went away (``PendingCompletion.abandon``: the app watches every connection) is
 skipped if still queued and, if already sampling, ended at its next token (``abort``) while
 the rest of its batch goes on, as vLLM aborts the requests of a closed connection. Closing the
@@ -20,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import itertools
 import json
 import logging
 import queue
@@ -171,16 +176,22 @@ _Queued = tuple[
 
 
 class PolicyBatcher:
-    """Runs the policy on one worker thread; concurrent requests share a batch."""
+    """Runs the policy on one worker thread; concurrent requests share a batch. ``continuous``
+    (None: wherever the policy has ``continuous()``) keeps one decode batch that requests join
+    between steps (module docstring)."""
 
-    def __init__(self, policy: Policy, max_batch_size: int = 64) -> None:
+    def __init__(self, policy: Policy, max_batch_size: int = 64, continuous: bool | None = None) -> None:
+        supported = bool(getattr(policy, "supports_continuous", False))
+        if continuous and not supported:
+            raise ValueError(f"policy {policy.name} does not batch continuously (it has no continuous())")
         self.policy = policy
         self.max_batch_size = max_batch_size
+        self.continuous = supported if continuous is None else continuous
         self._queue: queue.Queue[_Queued | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()  # the running worker's: set when it is to stop
         self._start_lock = threading.Lock()
-        self.batches = 0  # how many generate calls ran
+        self.batches = 0  # how many generate calls ran (continuous: how many times a decoder opened)
         self.requests = 0  # how many requests they held
         self.aborted = 0  # how many of those ended early because their client was gone
 
@@ -222,6 +233,9 @@ class PolicyBatcher:
                 logger.warning("the policy worker did not stop within 30 s of closing")
 
     def _work(self, closing: threading.Event) -> None:
+        if self.continuous:
+            self._work_continuously(closing)
+            return
         while True:
             item = self._queue.get()
             if item is None:
@@ -240,6 +254,74 @@ class PolicyBatcher:
             self._run(batch, closing)
             if stop:
                 return
+
+    def _work_continuously(self, closing: threading.Event) -> None:
+        """The worker with a continuously batching policy: while requests wait or run, one
+        decoder runs step by step and takes in whatever arrived before each step; while none
+        do, nothing holds the policy."""
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            self.batches += 1
+            with self.policy.continuous() as decoder:  # type: ignore[attr-defined]  # continuous
+                if self._decode(decoder, item, closing):
+                    return
+
+    def _decode(self, decoder: Any, first: _Queued, closing: threading.Event) -> bool:
+        """Runs ``decoder`` from request ``first`` until nothing is queued or running, or the
+        batcher closes (every request it holds then fails); returns True when it took the
+        closing marker off the queue (the worker then stops)."""
+        futures: dict[int, concurrent.futures.Future[Generation]] = {}
+        keys = itertools.count()
+
+        def fail(message: str) -> None:
+            for future in futures.values():
+                future.set_exception(PolicyFailure(message))
+
+        arrived: list[_Queued] = [first]
+        while True:
+            for request, future, on_tokens, gone in arrived:
+                if not future.set_running_or_notify_cancel():  # given up while queued
+                    continue
+                if closing.is_set():
+                    future.set_exception(PolicyFailure("the server closed before this request ran"))
+                    continue
+                futures[key := next(keys)] = future
+                self.requests += 1
+                decoder.add(key, request, self._sink(on_tokens, gone))
+            arrived = []
+            while True:  # whatever arrived since the last step joins before the next
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:  # the closing marker
+                    fail("the server closed during this generation")
+                    return True
+                arrived.append(item)
+            if arrived:
+                continue
+            if closing.is_set():
+                fail("the server closed during this generation")
+                return False
+            if not decoder.running and not decoder.queued:
+                return False
+            for key, generation in decoder.step():
+                self.aborted += generation.finish_reason == "abort"
+                futures.pop(key).set_result(generation)
+
+    @staticmethod
+    def _sink(on_tokens: Callable[[Sequence[int]], None] | None, gone: Callable[[], bool] | None
+              ) -> Callable[[Sequence[int]], bool | None]:
+        """Returns what hears a request's tokens in the decoder: False once its client is gone."""
+        def sink(ids: Sequence[int]) -> bool | None:
+            if gone is not None and gone():
+                return False
+            if on_tokens is not None:
+                on_tokens(ids)
+            return None
+        return sink
 
     def _run(self, batch: list[_Queued], closing: threading.Event) -> None:
         # A request whose caller gave up (its future was cancelled) is not run; the others'
@@ -288,7 +370,8 @@ class ServeEngine:
 
     ``context_length`` defaults to the policy's (``policy.context_length``; None: no limit);
     ``max_output_tokens`` caps every request; ``default_max_tokens`` is used when a request
-    names no limit.
+    names no limit; ``continuous_batching`` (None: wherever the policy can) lets requests join a
+    running decode batch (``PolicyBatcher``).
     """
 
     def __init__(
@@ -300,6 +383,7 @@ class ServeEngine:
         default_max_tokens: int = 1024,
         max_output_tokens: int | None = None,
         max_batch_size: int = 64,
+        continuous_batching: bool | None = None,
     ) -> None:
         self.policy = policy
         self.renderer = PromptRenderer(policy.tokenizer)
@@ -308,7 +392,7 @@ class ServeEngine:
         self.context_length = context_length or getattr(policy, "context_length", None)
         self.default_max_tokens = default_max_tokens
         self.max_output_tokens = max_output_tokens
-        self.batcher = PolicyBatcher(policy, max_batch_size=max_batch_size)
+        self.batcher = PolicyBatcher(policy, max_batch_size=max_batch_size, continuous=continuous_batching)
         self.undeclared_tool_calls = 0  # completions whose calls named no declared tool
         self.abandoned = 0  # requests whose client went away before the answer
         # per named session, the last prompt refused for the context: (prompt tokens, context)

@@ -228,7 +228,21 @@ def test_a_sibling_spec_is_parsed_once_the_same_way_everywhere():
     assert len(neighbours) == 10 and h0 not in neighbours  # 5 factors x 2 other levels
     assert route_members(h0) == (h0, neighbours)  # eval --route lists the same siblings
     assert set(neighbours) < set(SiblingSource.parse("space:2").siblings_of(h0))
-    for bad in ("spaces", "space:0", "pool:", "space+pool"):
+    # design: the run's other training configurations (the OA(18) rows), after the space's neighbours
+    assert SiblingSource.parse("space+design") == SiblingSource(1, (), True)
+    rows = ["S0-T0-O0-C0-W0", "S0-T1-O1-C1-W1", "S2-T2-O2-C2-W2", neighbours[0]]
+    assert SiblingSource.parse("design").siblings_of(h0, design=rows) == rows[1:]
+    assert SiblingSource.parse("space+design").siblings_of(h0, design=rows) == neighbours + rows[1:3]
+    assert SiblingSource.parse("space").siblings_of(h0, design=rows) == neighbours
+    from harnessrl.design import make_design
+    from harnessrl.harness.registry import default_space
+    from harnessrl.rl.rescue import Rescue
+
+    cfg = load_config(preset="quick", overrides={"rescue": "siblings", "siblings": "design", "router": "random"})
+    codes = make_design(default_space(), "orthogonal").codes
+    rescue = Rescue(cfg, codes, [], lambda name: None, lambda step, index: 0, log=lambda m: None, check_endpoints=False)
+    assert len(codes) == 18 and rescue.siblings_of(codes[3]) == codes[:3] + codes[4:]
+    for bad in ("spaces", "space:0", "pool:", "space+pool", "designs"):
         with pytest.raises(ValueError, match="is not 'space', 'space:R'"):
             SiblingSource.parse(bad)
         with pytest.raises(ValueError, match="is not 'space', 'space:R'"):  # config validation: the same parse

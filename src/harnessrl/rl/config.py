@@ -207,8 +207,9 @@ class TrainConfig(BaseModel):
     siblings: str = Field(
         "space",
         description="where a group's siblings come from: 'space' (its Hamming-1 neighbours in the harness space), "
-        "'space:R' (distance <= R), 'pool:DIR' (the members of a sibling pool whose H0 is the group's harness; "
-        "`harnessrl pool`), or both joined by '+', e.g. 'space+pool:pools/h0'",
+        "'space:R' (distance <= R), 'design' (the run's other training configurations, e.g. the other OA(18) rows), "
+        "'pool:DIR' (the members of a sibling pool whose H0 is the group's harness; `harnessrl pool`), or several "
+        "joined by '+', e.g. 'space+pool:pools/h0'",
     )
     router: Literal["validation", "profile", "random"] = Field(
         "validation",

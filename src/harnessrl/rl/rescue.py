@@ -72,10 +72,11 @@ class Rescue:
 
     # -- siblings ------------------------------------------------------------------------------
     def siblings_of(self, h0: str) -> list[str]:
-        """Returns the sibling names of a group harness: its neighbours in the space, and the
-        members (``DIR#ID``) of every configured pool built on it."""
+        """Returns the sibling names of a group harness: its neighbours in the space, the run's
+        other training configurations (``design`` in the spec), and the members (``DIR#ID``) of
+        every configured pool built on it."""
         if h0 not in self._siblings:
-            self._siblings[h0] = self.source.siblings_of(h0, self.pools)
+            self._siblings[h0] = self.source.siblings_of(h0, self.pools, self.group_harnesses)
         return self._siblings[h0]
 
     def mixture(self, h0: str, seed: int) -> list[str]:

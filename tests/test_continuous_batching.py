@@ -242,3 +242,17 @@ def test_a_failing_prefill_answers_the_request_it_was_admitting(policy: HFPolicy
             failed = decoder.step()
         assert failed == [("a", Generation([], [], "error", error="generation failed: ValueError: bad prompt"))]
         assert (decoder.running, decoder.queued) == (0, 0)
+
+
+def test_forced_sampling_forces_what_its_continuous_decoder_samples(policy: HFPolicy) -> None:
+    """Black-box training and ``eval --temperature`` serve through ``ForcedSampling``: the
+    server's continuous batching then runs the wrapped policy's decoder with the forced sampling."""
+    from harnessrl.policy.forced import ForcedSampling
+
+    served = ForcedSampling(policy, temperature=0.0, max_new_tokens=3)
+    assert served.supports_continuous
+    asked = GenerationRequest(prompt(30, 41), SamplingParams(temperature=1.5, max_new_tokens=100, seed=41))
+    with served.continuous() as decoder:
+        got = run(decoder, {0: [("a", asked)]})
+    want = alone(policy, GenerationRequest(asked.prompt_ids, SamplingParams(temperature=0.0, max_new_tokens=3)))
+    assert got["a"].token_ids == want.token_ids and len(want.token_ids) == 3

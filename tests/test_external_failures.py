@@ -11,6 +11,7 @@ exits 0 when a run hits its time limit with a generation in flight, keeping the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -342,20 +343,38 @@ def test_a_run_cut_at_its_time_limit_frees_the_policy_for_the_next_run(
     from harnessrl.policy.hf import HFPolicy
 
     class Counting(HFPolicy):
-        batches = 0
+        """Keeps how each generation the server ran ended (batch at a time, or continuous)."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.reasons: list[str] = []
 
         def generate_stream(self, requests, on_tokens):
-            self.batches += 1
-            return super().generate_stream(requests, on_tokens)
+            generations = super().generate_stream(requests, on_tokens)
+            self.reasons += [generation.finish_reason for generation in generations]
+            return generations
+
+        @contextlib.contextmanager
+        def continuous(self):
+            with super().continuous() as decoder:
+                step = decoder.step
+
+                def counted():
+                    finished = step()
+                    self.reasons += [generation.finish_reason for _, generation in finished]
+                    return finished
+
+                decoder.step = counted
+                yield decoder
 
     policy = Counting(endless_model, device="cpu")
     tasks = list(load_suite("workspace").tasks("test", limit=2, seed=0))
     trajectories = evaluate_external(mini_swe_agent, policy, tasks,
                                      config=ExternalConfig(time_limit_s=20, max_tokens=100_000))
     assert [t.metrics["timed_out"] for t in trajectories] == [True, True]
-    # The first run's request (100,000 tokens) was ended with its run, so the second run's
-    # request reached the policy instead of waiting behind it.
-    assert policy.batches == 2
+    # Each run's request (100,000 tokens) was ended with its run: the policy did not go on
+    # sampling for an agent that was gone, and the second run's request was answered too.
+    assert policy.reasons == ["abort", "abort"]
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess[str]:

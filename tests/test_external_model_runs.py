@@ -5,6 +5,7 @@ the model's context is reported as what it is; the evaluation's limits and tempe
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 
@@ -30,11 +31,26 @@ class SlowAfterFirstAnswer(HFPolicy):
         self.calls = 0
         self.release = threading.Event()
 
-    def generate_stream(self, requests, on_tokens):  # what the server's batcher calls
+    def arrived(self) -> None:
         self.calls += 1
         if self.calls > 1:
             self.release.wait(timeout=120)
+
+    def generate_stream(self, requests, on_tokens):  # what a batch-at-a-time server calls
+        self.arrived()
         return super().generate_stream(requests, on_tokens)
+
+    @contextlib.contextmanager
+    def continuous(self):  # what the server's continuous batching opens: each request is added
+        with super().continuous() as decoder:
+            add = decoder.add
+
+            def slow_add(*args, **kwargs):
+                self.arrived()
+                add(*args, **kwargs)
+
+            decoder.add = slow_add
+            yield decoder
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +108,21 @@ def test_eval_limits_reach_ext_targets(mini_swe_agent, task, tiny_model):
     seen = []
 
     class Seen(HFPolicy):
-        def generate_stream(self, requests, on_tokens):  # what the server's batcher calls
+        def generate_stream(self, requests, on_tokens):  # what a batch-at-a-time server calls
             seen.extend(r.params for r in requests)
             return super().generate_stream(requests, on_tokens)
+
+        @contextlib.contextmanager
+        def continuous(self):  # what the server's continuous batching adds each request to
+            with super().continuous() as decoder:
+                add = decoder.add
+
+                def seen_add(key, request, on_tokens=None):
+                    seen.append(request.params)
+                    add(key, request, on_tokens)
+
+                decoder.add = seen_add
+                yield decoder
 
     policy = Seen(tiny_model, device="cpu")
     settings = RolloutSettings(limits=HarnessLimits(max_turns=2), max_new_tokens=8, temperature=0.7)

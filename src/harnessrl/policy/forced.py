@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -42,6 +43,17 @@ class ForcedSampling(Policy):
         # token, when it closes.
         return self.policy.generate_stream(self._forced(requests), on_tokens)
 
+    @property
+    def supports_continuous(self) -> bool:
+        """Whether the wrapped policy batches continuously (``HFPolicy.continuous``)."""
+        return bool(getattr(self.policy, "supports_continuous", False))
+
+    @contextlib.contextmanager
+    def continuous(self) -> Iterator[Any]:
+        """The wrapped policy's continuous decoder, every request added to it forced as here."""
+        with self.policy.continuous() as decoder:  # type: ignore[attr-defined]  # supports_continuous
+            yield _ForcedDecoder(decoder, self._forced)
+
     def _forced(self, requests: Sequence[GenerationRequest]) -> list[GenerationRequest]:
         cap = self.max_new_tokens
         return [
@@ -50,3 +62,17 @@ class ForcedSampling(Policy):
                 max_new_tokens=request.params.max_new_tokens if cap is None else min(request.params.max_new_tokens, cap)))
             for request in requests
         ]
+
+
+class _ForcedDecoder:
+    """A ``StepDecoder`` whose added requests sample with ``ForcedSampling``'s settings."""
+
+    def __init__(self, decoder: Any, forced: Callable[[Sequence[GenerationRequest]], list[GenerationRequest]]) -> None:
+        self._decoder, self._forced = decoder, forced
+
+    def add(self, key: Hashable, request: GenerationRequest,
+            on_tokens: Callable[[Sequence[int]], bool | None] | None = None) -> None:
+        self._decoder.add(key, self._forced([request])[0], on_tokens)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._decoder, name)

@@ -256,3 +256,18 @@ def test_forced_sampling_forces_what_its_continuous_decoder_samples(policy: HFPo
         got = run(decoder, {0: [("a", asked)]})
     want = alone(policy, GenerationRequest(asked.prompt_ids, SamplingParams(temperature=0.0, max_new_tokens=3)))
     assert got["a"].token_ids == want.token_ids and len(want.token_ids) == 3
+
+
+def test_a_sink_that_raises_answers_each_request_once(policy: HFPolicy) -> None:
+    """A row that finished in the same step as the failure keeps its answer; the rest are errors."""
+    def broken(ids):
+        raise OSError("client socket")
+
+    with policy.continuous() as decoder:
+        decoder.add("short", request(20, 1, tokens=1))
+        decoder.add("broken", request(25, 2, tokens=6), broken)
+        answers = decoder.step()
+    assert [key for key, _ in answers] == ["short", "broken"]
+    assert answers[0][1].finish_reason == "length" and len(answers[0][1].token_ids) == 1
+    assert answers[1][1].finish_reason == "error" and "OSError: client socket" in (answers[1][1].error or "")
+

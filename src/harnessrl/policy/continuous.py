@@ -147,7 +147,8 @@ class StepDecoder:
             self._step(finished)
         except Exception as exc:  # one failing step must not lose the requests or the run
             message = f"generation failed: {type(exc).__name__}: {exc}"
-            keys = [row.key for row in self._rows] + self._admitting
+            answered = {key for key, _ in finished}  # rows that finished before the failure
+            keys = [row.key for row in self._rows if row.key not in answered] + self._admitting
             finished += [(key, Generation([], [], "error", error=message)) for key in keys]
             self._rows, self._logits, self._storage, self._slab, self._fill = [], None, None, None, 0
             self._admitting = []

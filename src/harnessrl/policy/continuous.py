@@ -27,16 +27,13 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from harnessrl.policy.base import Generation, GenerationRequest, SamplingParams, triage_requests
 from harnessrl.policy.cascade import row_groups
 from harnessrl.policy.kv_slab import KVSlab
-
-if TYPE_CHECKING:
-    from harnessrl.policy.hf import HFPolicy
 
 SLACK = 256
 """Columns a new layout leaves free before the rows and after their room (with SDPA's length
@@ -84,7 +81,7 @@ class StepDecoder:
     layers) while the decoder is open: nothing else generates meanwhile. Keys name requests:
     any hashable, unique among the requests queued or running."""
 
-    def __init__(self, policy: HFPolicy) -> None:
+    def __init__(self, policy: Any) -> None:  # an HFPolicy (hf.py imports this module, not the reverse)
         if not policy._full_attention:
             raise ValueError("continuous batching needs a model whose layers all use full attention")
         self.policy = policy
@@ -324,7 +321,7 @@ class StepDecoder:
 
 
 @contextmanager
-def open_decoder(policy: HFPolicy) -> Iterator[StepDecoder]:
+def open_decoder(policy: Any) -> Iterator[StepDecoder]:
     """Yields a ``StepDecoder`` over ``policy`` holding its lock and packed layers (used by
     ``HFPolicy.continuous``); requests still running when the context ends are dropped."""
     with policy._lock, policy._linears_installed():

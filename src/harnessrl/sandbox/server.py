@@ -19,6 +19,19 @@ import socket
 import time
 
 
+def proc_stat(pid: str):
+    """The fields of /proc/<pid>/stat after the command name (state first, then parent,
+    process group, ...; the start time at index 19), or None if the process is gone."""
+    if not pid.isdigit():
+        return None
+    try:
+        with open("/proc/" + pid + "/stat") as stat_file:
+            fields = stat_file.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields if len(fields) > 19 else None
+
+
 class CommandServer:
     """Prepares, tracks and kills the shells of one sandbox; started once per session.
 
@@ -316,11 +329,8 @@ class CommandServer:
             if sid in self.exits:
                 return False, self.exits[sid]
             return pid in self.children, None
-        try:
-            with open("/proc/" + str(int(pid)) + "/stat") as stat_file:
-                state = stat_file.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            state = "gone"
+        fields = proc_stat(str(int(pid)))
+        state = fields[0] if fields else "gone"
         if state not in ("Z", "X", "gone"):
             return True, None  # exec'ed into something that closed the report pipe
         for master in self.masters:
@@ -381,9 +391,11 @@ class CommandServer:
                 self.send({"exited": True, "sid": sid, "code": code})
 
     def kill_group(self, pgid: int) -> None:
-        """SIGKILL a process group until it is gone (its zombies reaped), for up to 10 s: a fork
-        bomb's group is gone in milliseconds on a quiet machine, but 2 s (the bound before) ran out
-        once under a test run's own load and left 49-63 of its processes forking."""
+        """SIGKILL a process group until none of it runs (our zombies reaped), for up to 10 s: a
+        fork bomb's group is gone in milliseconds on a quiet machine, but 2 s (the bound before)
+        ran out once under a test run's own load and left 49-63 of its processes forking. A
+        zombie whose parent is not us (the command's shell, until its master shell reaps it)
+        does not count: its parent may be stuck in a fork retry for seconds."""
         deadline = time.monotonic() + 10.0
         while True:
             try:
@@ -391,15 +403,22 @@ class CommandServer:
             except OSError:
                 return
             self.reap()
+            if not any(fields[2] == str(pgid) and fields[0] not in "ZX"
+                       for fields in map(proc_stat, os.listdir("/proc")) if fields):
+                self.reap()  # the orphans that became ours meanwhile
+                return
             if time.monotonic() > deadline:
                 return
             time.sleep(0.001)
 
     def kill_holders(self, pgid: int, inodes: list) -> None:
-        """SIGKILL every process holding one of these pipes; if some keep reappearing (a fork
-        bomb), kill the command's whole process group as well."""
+        """SIGKILL every process holding one of these pipes and wait until they no longer run
+        (a killed process lets go of the pipes before it dies: without the wait the next
+        command saw 21-29 of a fork bomb's dying processes once, under a test run's load); if
+        holders keep reappearing (a fork bomb), kill the command's whole process group."""
         targets = {"pipe:[" + str(inode) + "]" for inode in inodes}
         me = str(os.getpid())
+        killed = {}  # pid: its start time (a pid reused meanwhile is another process)
         for _round in range(20):
             holders = []
             for pid in os.listdir("/proc"):
@@ -408,20 +427,35 @@ class CommandServer:
                 try:
                     for fd in os.listdir("/proc/" + pid + "/fd"):
                         if os.readlink("/proc/" + pid + "/fd/" + fd) in targets:
-                            holders.append(int(pid))
+                            holders.append(pid)
                             break
                 except OSError:
                     continue
             if not holders:
+                self.wait_dead(killed)
                 return
             for pid in holders:
+                fields = proc_stat(pid)
                 try:
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(int(pid), signal.SIGKILL)
                 except OSError:
                     continue
+                if fields:
+                    killed[pid] = fields[19]
             self.reap()
             time.sleep(0.002)
         self.kill_group(pgid)
+
+    def wait_dead(self, killed: dict) -> None:
+        """Wait (up to 10 s) until none of these killed processes runs; reap those that are ours."""
+        deadline = time.monotonic() + 10.0
+        while killed and time.monotonic() < deadline:
+            self.reap()
+            killed = {pid: start for pid, start in killed.items()
+                      if (fields := proc_stat(pid)) and fields[19] == start and fields[0] not in "ZX"}
+            if killed:
+                time.sleep(0.001)
+        self.reap()
 
     # ---- helpers ----
     def make_undumpable(self) -> None:

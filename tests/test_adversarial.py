@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from conftest import required_backend
-from harnessrl.sandbox import SandboxError, SandboxLimits, open_sandbox
+from harnessrl.sandbox import SandboxError, SandboxLimits, open_sandbox, others_can_search
 from harnessrl.tasks import (
     Action,
     AllOf,
@@ -35,6 +35,7 @@ from harnessrl.tasks import (
     PythonCheck,
     Task,
     prepare_workspace,
+    python_check,
     verify_task,
 )
 
@@ -290,11 +291,12 @@ CHECK_MODULE = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def check_module():
-    """A suite's check module in a folder the sandbox user can read, imported by name."""
+@pytest.fixture(params=(0o755, 0o700), ids=("readable", "private"))
+def check_module(request):
+    """A suite's check module imported by name, in a folder the sandbox user can read, or in
+    one it cannot (a checkout in a mode-700 home folder: the check runs from a copy)."""
     folder = tempfile.mkdtemp(prefix="harnessrl-check-module-")
-    os.chmod(folder, 0o755)
+    os.chmod(folder, request.param)
     name = f"harnessrl_adversarial_check_{uuid.uuid4().hex[:8]}"
     Path(folder, f"{name}.py").write_text(CHECK_MODULE)
     os.chmod(Path(folder, f"{name}.py"), 0o644)
@@ -327,6 +329,36 @@ def test_python_checks_run_the_policys_code_inside_the_sandbox(sandbox, check_mo
         beside.unlink(missing_ok=True)
     sandbox.write_file("hello.py", "print('Goodbye')\n")
     assert not verify_task(_task(PythonCheck(check_module.hello_prints_hello)), sandbox).passed
+
+
+def test_an_unreadable_import_root_is_copied_where_the_sandbox_user_can_read_it(tmp_path) -> None:
+    private = tmp_path / "home"
+    (private / "pkg" / "__pycache__").mkdir(parents=True)
+    (private / ".git").mkdir()
+    (private / "pkg" / "__init__.py").write_text("VALUE = 1\n")
+    (private / "pkg" / "data.txt").write_text("kept\n")
+    (private / "pkg" / "__pycache__" / "x.pyc").write_bytes(b"cache")
+    (private / ".git" / "HEAD").write_text("ref\n")
+    (private / "pkg" / "big.bin").write_bytes(b"\0" * ((1 << 20) + 1))
+    os.chmod(private, 0o700)
+    copy = python_check.reachable_root(private)
+    assert copy != private and python_check.reachable_root(private) == copy  # once per process
+    assert others_can_search(str(copy / "pkg" / "__init__.py")) is None
+    assert os.stat(copy / "pkg" / "__init__.py").st_mode & 0o004
+    assert sorted(p.name for p in copy.rglob("*")) == ["__init__.py", "data.txt", "pkg"]
+    only = python_check.reachable_root(private, "pkg")
+    assert sorted(p.name for p in only.iterdir()) == ["pkg"]
+    assert python_check.reachable_root(copy) == copy  # readable: mounted as it is
+
+
+def test_an_import_root_too_large_to_copy_is_mounted_as_it_is(tmp_path, monkeypatch) -> None:
+    private = tmp_path / "home"
+    private.mkdir(mode=0o700)
+    for index in range(3):
+        (private / f"m{index}.py").write_text("x = 1\n")
+    monkeypatch.setattr(python_check, "_COPY_FILES", 2)
+    assert python_check.reachable_root(private) == private
+    assert not list(Path(tempfile.gettempdir()).glob("harnessrl-check-root-*/root/m2.py"))
 
 
 def test_host_python_checks_must_be_marked_and_warn_once(sandbox) -> None:

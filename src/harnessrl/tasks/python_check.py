@@ -9,13 +9,16 @@ read-only mount and calls it over the workspace, so everything it starts is sand
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib
 import json
 import logging
 import os
 import shlex
+import shutil
 import sys
+import tempfile
 import threading
 import warnings
 from collections.abc import Callable
@@ -95,10 +98,87 @@ def import_root(module_name: str) -> Path | None:
     return folder
 
 
+_COPY_FILE_BYTES = 1 << 20
+_COPY_TOTAL_BYTES = 16 << 20
+_COPY_FILES = 2000
+_SKIPPED_FOLDERS = {"__pycache__", "node_modules"}
+_STAGED: dict[tuple[Path, str | None], Path] = {}
+_STAGED_LOCK = threading.Lock()
+
+
+def _readable_by_others(root: Path) -> bool:
+    try:
+        mode = os.stat(root).st_mode
+    except OSError:
+        return False
+    return others_can_search(str(root / "_")) is None and mode & 0o005 == 0o005
+
+
+def _copy_sources(root: Path, into: Path) -> bool:
+    """Copies ``root``'s files (not hidden ones, caches, virtual environments or symbolic
+    links; none over 1 MiB) into ``into``, readable by all; False if they are more than
+    2,000 files or 16 MiB."""
+    total = count = 0
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = sorted(
+            name for name in subfolders if not name.startswith(".") and name not in _SKIPPED_FOLDERS
+            and not (Path(folder) / name / "pyvenv.cfg").exists())
+        target = into / Path(folder).relative_to(root)
+        target.mkdir(mode=0o755, parents=True, exist_ok=True)
+        target.chmod(0o755)
+        for name in files:
+            source = Path(folder) / name
+            if name.startswith(".") or source.is_symlink() or not source.is_file():
+                continue
+            size = source.stat().st_size
+            if size > _COPY_FILE_BYTES:
+                continue
+            total, count = total + size, count + 1
+            if total > _COPY_TOTAL_BYTES or count > _COPY_FILES:
+                return False
+            copy = target / name
+            copy.write_bytes(source.read_bytes())
+            copy.chmod(0o644)
+    return True
+
+
+def reachable_root(root: Path, package: str | None = None) -> Path:
+    """Returns ``root``, or, when the sandbox's user could not read it (a checkout in a mode-700
+    home folder while harnessrl runs as root and the sandbox as nobody), a copy of its files
+    (of its folder ``package`` only, if given) in a world-readable folder under the temporary
+    directory, made once per process and removed at exit. A root too large to copy (more than
+    2,000 files or 16 MiB) is returned as it is: the sandbox then says which folder blocks it."""
+    if _readable_by_others(root):
+        return root
+    with _STAGED_LOCK:
+        if (root, package) not in _STAGED:
+            staged = Path(tempfile.mkdtemp(prefix="harnessrl-check-root-"))
+            staged.chmod(0o755)
+            copied = _readable_by_others(staged) and (
+                _copy_sources(root / package, staged / "root" / package) if package
+                else _copy_sources(root, staged / "root"))
+            if copied:
+                (staged / "root").chmod(0o755)
+                atexit.register(shutil.rmtree, staged, True)
+                _STAGED[(root, package)] = staged / "root"
+            else:
+                logger.warning("cannot copy the check import root %s where the sandbox can read it", root)
+                shutil.rmtree(staged, ignore_errors=True)
+                _STAGED[(root, package)] = root
+        return _STAGED[(root, package)]
+
+
+def mount_target(root: Path) -> str:
+    """Where import root ``root`` appears inside the sandbox."""
+    return f"{CHECK_MOUNTS_ROOT}/{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
+
+
 def mount_for(root: Path) -> SandboxMount:
-    """Returns the read-only mount that shows import root ``root`` inside the sandbox."""
-    digest = hashlib.sha256(str(root).encode()).hexdigest()[:12]
-    return SandboxMount(str(root), f"{CHECK_MOUNTS_ROOT}/{digest}")
+    """Returns the read-only mount that shows import root ``root`` inside the sandbox (a copy
+    where the sandbox's user could not read it: `reachable_root`; of harnessrl's root, the
+    harnessrl package only)."""
+    package = "harnessrl" if root == import_root("harnessrl") else None
+    return SandboxMount(str(reachable_root(root, package)), mount_target(root))
 
 
 def roots_for(module_name: str) -> list[Path]:
@@ -108,15 +188,14 @@ def roots_for(module_name: str) -> list[Path]:
     roots = [root] if (root := import_root(module_name)) is not None else []
     harnessrl_root = import_root("harnessrl")
     if (harnessrl_root is not None and harnessrl_root not in roots
-            and others_can_search(str(harnessrl_root / "harnessrl")) is None
-            and os.stat(harnessrl_root).st_mode & 0o005 == 0o005):
+            and _readable_by_others(reachable_root(harnessrl_root, "harnessrl"))):
         roots.append(harnessrl_root)
     return roots
 
 
 def runner_command(module_name: str, qualname: str, answer: str | None) -> str:
     """Returns the shell command that calls ``module_name.qualname`` in the sandbox."""
-    paths = [mount_for(root).target for root in roots_for(module_name)]
+    paths = [mount_target(root) for root in roots_for(module_name)]
     words = [module_name, qualname, json.dumps(answer), *paths]
     return "exec python3 -I -c " + shlex.quote(_RUNNER) + " " + " ".join(shlex.quote(w) for w in words)
 

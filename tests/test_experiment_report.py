@@ -541,3 +541,29 @@ def test_a_setting_that_keeps_the_numbers_does_not_make_another_run():
     assert changed_fields(older, TrainConfig(steps=3, cascade_attention=True)) == ["cascade_attention"]
     assert changed_fields({**older, "retired_field": 1}, TrainConfig(steps=3)) == ["retired_field"]
     assert changed_fields(TrainConfig(steps=3).model_dump(), TrainConfig(steps=3, learning_rate=0.5)) == ["learning_rate"]
+
+
+def test_the_harness_s_file_runs_on_the_learning_setting_and_dry_runs_before_its_pool_exists(
+        tmp_path, monkeypatch, capsys):
+    from harnessrl.cli import main
+
+    hs = load_experiment(CONFIGS / "harness_s_cpu.yaml")
+    learn = load_experiment(CONFIGS / "cpu_learn.yaml")
+    rescue_settings = ("rescue_k", "rescue_validation_tasks", "reanchor_every")
+    assert {k: v for k, v in hs.base.items() if k not in rescue_settings} == learn.base
+    assert hs.warm_start == learn.warm_start and len(hs.seeds) == 2 and hs.reference == "grpo"
+    arms = {a.name: a for a in hs.arms}
+    h0 = arms["grpo"].base_harness
+    assert all(a.base_harness == h0 and a.pairing == "repeat" for a in hs.arms if a.design == "single")
+    assert hs.eval.configs == h0 and hs.eval.tasks * hs.eval.k >= 96 and hs.eval.k == 3  # Pass@3 under H0
+    assert arms["sft-only"].control == "sft-only" and arms["grpo"].rescue is None
+    assert arms["grpo-h0-rescue"].rescue == "h0"
+    assert (arms["harness-s-space"].siblings, arms["harness-s-space"].router) == ("space", "validation")
+    assert arms["harness-s-evolved"].siblings.startswith("pool:") and arms["harness-s-evolved"].router == "validation"
+    assert (arms["scaling-rescue"].design, arms["scaling-rescue"].k, arms["scaling-rescue"].siblings) == ("orthogonal", 2, "space")
+    # The evolved pool is built from the file's own warm start, so the dry run comes first, without it.
+    monkeypatch.chdir(tmp_path)
+    assert main(["experiment", str(CONFIGS / "harness_s_cpu.yaml"), "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "harness-s-evolved" in printed and "paired validation not known yet" in printed
+    assert "132 paired validation" in printed  # H0's 10 space neighbours and H0, 3 tasks, 4 anchors

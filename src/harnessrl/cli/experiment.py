@@ -70,7 +70,12 @@ def run_experiment_cli(args: argparse.Namespace) -> int:
             if arm.control == "sft-only":
                 print(f"  {arm.name:<22} control: the warm start alone, no RL step")
                 continue
-            bound = executor_rollouts_bound(cfg)
+            try:
+                bound = executor_rollouts_bound(cfg)
+                validation = f"{bound['validation']} paired validation"
+            except FileNotFoundError as exc:  # a pool the file's own steps build later (pool evolve)
+                bound = executor_rollouts_bound(cfg.model_copy(update={"router": "random"}))
+                validation = f"paired validation not known yet ({exc})"
             rescue = f"rescue {cfg.rescue}" + (f" ({cfg.router}, K={cfg.rescue_k})" if cfg.rescue == "siblings" else "")
             if cfg.rollout_through != "harness" or cfg.objective != "rl":
                 source = f", {cfg.sft_source} runs" if cfg.objective == "sft" else ""
@@ -78,7 +83,7 @@ def run_experiment_cli(args: argparse.Namespace) -> int:
             print(f"  {arm_id(arm, spec.seeds[0]).rsplit('-seed', 1)[0]:<22} design {cfg.design:<12} "
                   f"pairing {cfg.pairing:<10} K={cfg.k}  {rescue}; executor rollouts: {bound['first_pass']} first "
                   f"pass + at most {bound['sampling_at_most']} dynamic sampling + at most {bound['rescue_at_most']} "
-                  f"rescue + {bound['validation']} paired validation")
+                  f"rescue + {validation}")
         return 0
 
     def log(message: str) -> None:

@@ -131,6 +131,14 @@ class TrainConfig(BaseModel):
         "at about one hidden state per layer and token of memory, for one more forward per update; lets "
         "micro_batch_tokens grow so that a group's prompt runs once (rl/forward.py). On in the quick preset",
     )
+    lm_head_chunk_tokens: int = Field(
+        0, ge=0,
+        description="project a micro-batch's trained positions through the LM head this many at a time, each "
+        "chunk's logits recomputed in the backward pass (Liger's fused linear cross-entropy; rl/forward.py): the "
+        "head's float32 logits and log-softmax (about 14 bytes per position and vocabulary entry, 0.7 MB per "
+        "position for the embedded model) exist for one chunk at a time; the same log-probabilities, the head's "
+        "gradient summed chunk by chunk (float rounding). 0: all at once. 512 in the quick preset",
+    )
     ppo_epochs: int = Field(
         1,
         description="passes over each step's rollouts (verl ppo_epochs, TRL num_iterations; PPO, Schulman et al. "
@@ -416,6 +424,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "micro_batch_tokens": 6144,
         # the same numbers bit for bit, about half the peak memory (docs/benchmarks.md, issue 29)
         "activation_checkpointing": True,
+        # the head's logits 512 positions at a time (float rounding only; docs/benchmarks.md, issue 29)
+        "lm_head_chunk_tokens": 512,
         "sft_warm_start_steps": 16,
         "sft_tasks": 64,
         "sft_learning_rate": 1e-4,

@@ -12,6 +12,7 @@ import inspect
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from harnessrl.rl.batching import UpdateSample, collate, micro_batches
 
@@ -20,6 +21,7 @@ from harnessrl.rl.batching import UpdateSample, collate, micro_batches
 def old_token_logprobs(
     model: torch.nn.Module, samples: list[UpdateSample], pad_id: int, temperature: float,
     micro_batch_tokens: int = 4096, autocast_dtype: torch.dtype | None = None, share_prefix: bool = True,
+    head_chunk_tokens: int = 0,
 ) -> dict[int, torch.Tensor]:
     """Returns, per sample (keyed by ``id``), the log-probabilities [len - 1] that the current
     weights give its tokens 1.. (0 where nothing is trained): the old policy of a multi-step
@@ -32,7 +34,8 @@ def old_token_logprobs(
             logprobs = torch.zeros(data["mask"].shape)
         else:
             with autocast_context(device, autocast_dtype):
-                _, logprobs, _ = as_forward(model, masked_token_logprobs, model, data, temperature)
+                _, logprobs, _ = as_forward(model, masked_token_logprobs, model, data, temperature, False,
+                                            head_chunk_tokens)
         for row, sample in enumerate(batch):
             out[id(sample)] = logprobs[row, : len(sample.input_ids) - 1].float().cpu()
     return out
@@ -57,7 +60,8 @@ def autocast_context(device: torch.device, dtype: torch.dtype | None) -> Any:
 
 
 def masked_token_logprobs(
-    model: torch.nn.Module, data: dict[str, torch.Tensor], temperature: float, entropy_grad: bool = False
+    model: torch.nn.Module, data: dict[str, torch.Tensor], temperature: float, entropy_grad: bool = False,
+    head_chunk_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (last hidden states [B, L, H], log-probs [B, L-1], entropy [B, L-1]) where only
     trained positions (``data["mask"]``) are projected through the LM head.
@@ -65,22 +69,52 @@ def masked_token_logprobs(
     Most of a sequence is prompt; projecting every position to the vocabulary (49k for the
     embedded model) and taking its log-softmax would dominate the step. Untrained positions
     get 0. Entropy keeps its graph only when an entropy bonus needs it.
+
+    ``head_chunk_tokens > 0`` projects the trained positions that many at a time, each chunk
+    under activation checkpointing (its logits recomputed in the backward pass): the head's
+    float32 logits and log-softmax, ~14 bytes per position and vocabulary entry, then exist for
+    one chunk at a time instead of for the whole micro-batch (Liger's fused linear
+    cross-entropy, done with ``torch.utils.checkpoint``). It differs from the one-shot
+    projection in float rounding only (a product over fewer rows; the head's weight gradient
+    summed chunk by chunk). 0 (the default) is the one-shot projection.
     """
     decoder, head = model.get_decoder(), model.get_output_embeddings()
     hidden = decoder_hidden(decoder, data)
     rows, cols = torch.nonzero(data["mask"] > 0, as_tuple=True)
-    logits = head(hidden[:, :-1][rows, cols]).float()
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    picked = logp_all.gather(-1, data["targets"][rows, cols].unsqueeze(-1)).squeeze(-1)
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        picked_entropy = -(logp_all.exp() * logp_all).sum(-1)
+    trained, targets = hidden[:, :-1][rows, cols], data["targets"][rows, cols]
+    project = functools.partial(_head_logprobs, head, temperature=temperature, entropy_grad=entropy_grad)
+    if 0 < head_chunk_tokens < len(rows):
+        parts = [
+            checkpoint(project, trained[start:start + head_chunk_tokens],
+                       targets[start:start + head_chunk_tokens], use_reentrant=False)
+            if torch.is_grad_enabled() else project(trained[start:start + head_chunk_tokens],
+                                                    targets[start:start + head_chunk_tokens])
+            for start in range(0, len(rows), head_chunk_tokens)
+        ]
+        picked = torch.cat([part[0] for part in parts])
+        picked_entropy = torch.cat([part[1] for part in parts])
+    else:
+        picked, picked_entropy = project(trained, targets)
     logprobs = torch.zeros(data["mask"].shape, dtype=picked.dtype, device=picked.device)
     entropy = torch.zeros_like(logprobs)
     logprobs = logprobs.index_put((rows, cols), picked)
     entropy = entropy.index_put((rows, cols), picked_entropy)
     return hidden, logprobs, entropy
+
+
+def _head_logprobs(
+    head: torch.nn.Module, trained: torch.Tensor, targets: torch.Tensor, temperature: float, entropy_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns the log-probabilities of ``targets`` and the entropies at hidden states
+    ``trained`` [N, H] under LM head ``head`` (float32, at ``temperature``)."""
+    logits = head(trained).float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    picked = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        picked_entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return picked, picked_entropy
 
 
 def decoder_hidden(decoder: torch.nn.Module, data: dict[str, torch.Tensor]) -> torch.Tensor:

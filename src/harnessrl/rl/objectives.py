@@ -43,6 +43,7 @@ class UpdateSettings:
     kl_estimator: str = "k3"
     max_grad_norm: float = 1.0
     micro_batch_tokens: int = 4096
+    lm_head_chunk_tokens: int = 0
     vf_coef: float = 0.1
     vf_clip: float | None = 0.2
     autocast_dtype: torch.dtype | None = None
@@ -70,7 +71,7 @@ class UpdateSettings:
             loss_norm_tokens=cfg.loss_norm_tokens or cfg.max_turns * cfg.max_new_tokens,
             importance_cap=cfg.importance_cap, entropy_coef=cfg.entropy_coef, kl_coef=cfg.kl_coef,
             kl_estimator=cfg.kl_estimator, max_grad_norm=cfg.max_grad_norm,
-            micro_batch_tokens=cfg.micro_batch_tokens, vf_coef=cfg.vf_coef, vf_clip=cfg.vf_clip,
+            micro_batch_tokens=cfg.micro_batch_tokens, lm_head_chunk_tokens=cfg.lm_head_chunk_tokens, vf_coef=cfg.vf_coef, vf_clip=cfg.vf_clip,
             autocast_dtype=autocast_dtype, ppo_epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches,
         )
         return replace(settings, **changes)
@@ -180,7 +181,8 @@ def pg_objective(
         if ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         with torch.no_grad():
-            _, ref_logprobs, _ = masked_token_logprobs(ref_model, data, settings.temperature)
+            _, ref_logprobs, _ = masked_token_logprobs(ref_model, data, settings.temperature,
+                                                    head_chunk_tokens=settings.lm_head_chunk_tokens)
     clip_low, clip_high, aggregation = settings.loss_settings()
     agg, norm, scale = _mini_batch_aggregation(aggregation, settings, batch)
     old_logprobs = data["old_logprobs"] if "old_logprobs" in data else batch.logprobs.detach()

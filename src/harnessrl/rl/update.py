@@ -116,7 +116,7 @@ def update_step(
     old_of = None
     if settings.multi_step:
         old_of = old_token_logprobs(model, samples, pad_id, settings.temperature, settings.micro_batch_tokens,
-                                    settings.autocast_dtype, settings.share_prefix)
+                                    settings.autocast_dtype, settings.share_prefix, settings.lm_head_chunk_tokens)
     params = [p for p in model.parameters() if p.requires_grad]
     if value_head is not None:
         params += list(value_head.parameters())
@@ -173,6 +173,7 @@ def _accumulate_mini_batch(
             hidden, logprobs, entropy = as_forward(
                 model, masked_token_logprobs, model, data,
                 settings.temperature if settings.objective == "pg" else 1.0, settings.entropy_coef > 0,
+                settings.lm_head_chunk_tokens,
             )
         out = objective(MicroBatch(data, hidden, logprobs, entropy, totals, len(batch), n_tokens),
                         settings, ref_model, value_head)

@@ -1,5 +1,5 @@
-"""A training process bounds its host memory itself: glibc's arenas capped in process (no
-MALLOC_ARENA_MAX needed), and the memory of a finished step handed back to the system (without
+"""A training process bounds its host memory itself: glibc's arenas capped and its mmap
+threshold fixed in process (no MALLOC_ARENA_MAX needed), and the memory of a finished step handed back to the system (without
 it, a CPU update step's freed activations stay with the C allocator for the life of the process)."""
 
 import os
@@ -95,3 +95,46 @@ def test_peak_rss_sees_what_a_block_needed_above_its_start():
         pass
     assert idle.extra_mb < 50
     del held
+
+
+MMAP = r"""
+import sys
+import torch
+from harnessrl.memory import fix_mmap_threshold
+
+def rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+fixed = fix_mmap_threshold() if sys.argv[1] == "fixed" else False
+first = torch.ones(2**20)  # 4 MB: mapped, and freeing it raises glibc's own threshold above 4 MB
+del first
+blocks = [torch.ones(2**20) for _ in range(100)]  # a step's activations: ~400 MB of 4-MB blocks
+keep = torch.ones(16)  # allocated after them: the heap's top cannot shrink below it
+before = rss_mb()
+del blocks
+print(fixed, round(before - rss_mb()))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the mmap threshold is glibc's")
+@pytest.mark.parametrize("mode", ["fixed", "default"])
+def test_a_fixed_mmap_threshold_hands_freed_activations_back_at_once(mode):
+    """With the threshold fixed (what the command line sets), blocks of a few MB are mapped on
+    their own pages and go back to the system when freed; with glibc's default, the first
+    freed block raises the threshold and the rest stay on the heap after they are freed."""
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    out = subprocess.run([sys.executable, "-c", MMAP, mode], capture_output=True, text=True, timeout=120,
+                         check=True, env=env)
+    fixed, returned = out.stdout.split()
+    if mode == "fixed":
+        assert fixed == "True" and int(returned) > 350, out.stdout
+    else:
+        assert int(returned) < 50, out.stdout
+
+
+def test_a_users_mmap_threshold_is_left_in_force():
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
+    code = "from harnessrl.memory import fix_mmap_threshold; print(fix_mmap_threshold())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True, env=env)
+    assert out.stdout.strip() == "False"

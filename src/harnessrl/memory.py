@@ -1,5 +1,5 @@
-"""The process's host memory: glibc's arena limit set in process, freed memory handed back to
-the system, the resident size a training step reports, and a sampler of a call's peak above it.
+"""The process's host memory: glibc's arena limit and mmap threshold set in process, freed
+memory handed back to the system, the resident size a training step reports, and a sampler of a call's peak above it.
 
 glibc gives each thread that contends for the heap an arena of its own, up to 8 per core; a
 trainer's rollout, sandbox and torch threads each fill one with a step's short-lived buffers,
@@ -20,8 +20,10 @@ import sys
 import threading
 import time
 
-M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
+M_ARENA_MAX = -8  # glibc's mallopt parameters (malloc.h)
+M_MMAP_THRESHOLD = -3
 ARENA_LIMIT = 2  # what MALLOC_ARENA_MAX=2 set: measured to keep a training process bounded
+MMAP_THRESHOLD = 2**20  # bytes: a block this large or larger gets pages of its own (docs/benchmarks.md)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _arenas_limited: bool | None = None
 
@@ -54,6 +56,22 @@ def limit_malloc_arenas(limit: int = ARENA_LIMIT) -> bool:
         else:
             _arenas_limited = bool(libc.mallopt(M_ARENA_MAX, int(limit)))
     return _arenas_limited
+
+
+def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
+    """Makes glibc map every block of ``threshold`` bytes or more on pages of its own, handed
+    back to the system when freed (``mallopt(M_MMAP_THRESHOLD)``); returns whether it is in
+    force.
+
+    glibc starts at 128 kB but raises its threshold to the size of each mapped block freed, up
+    to 32 MB, so after the first step a step's activations (a few MB each) come from the heap,
+    which fragments: on the quick preset's warm start the trainer's peak was about 1 GB higher
+    (4.6 against 3.6 GB, docs/benchmarks.md). A fixed threshold stops the raising. A
+    ``MALLOC_MMAP_THRESHOLD_`` the user set is respected; off glibc, False."""
+    libc = _glibc()
+    if libc is None or os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        return False
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, int(threshold)))
 
 
 def release_freed_memory() -> bool:

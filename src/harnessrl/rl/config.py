@@ -137,7 +137,7 @@ class TrainConfig(BaseModel):
         "chunk's logits recomputed in the backward pass (Liger's fused linear cross-entropy; rl/forward.py): the "
         "head's float32 logits and log-softmax (about 14 bytes per position and vocabulary entry, 0.7 MB per "
         "position for the embedded model) exist for one chunk at a time; the same log-probabilities, the head's "
-        "gradient summed chunk by chunk (float rounding). 0: all at once. 512 in the quick preset",
+        "gradient summed chunk by chunk (float rounding). 0: all at once",
     )
     ppo_epochs: int = Field(
         1,
@@ -424,8 +424,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "micro_batch_tokens": 6144,
         # the same numbers bit for bit, about half the peak memory (docs/benchmarks.md, issue 29)
         "activation_checkpointing": True,
-        # the head's logits 512 positions at a time (float rounding only; docs/benchmarks.md, issue 29)
-        "lm_head_chunk_tokens": 512,
         "sft_warm_start_steps": 16,
         "sft_tasks": 64,
         "sft_learning_rate": 1e-4,

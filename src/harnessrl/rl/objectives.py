@@ -71,7 +71,8 @@ class UpdateSettings:
             loss_norm_tokens=cfg.loss_norm_tokens or cfg.max_turns * cfg.max_new_tokens,
             importance_cap=cfg.importance_cap, entropy_coef=cfg.entropy_coef, kl_coef=cfg.kl_coef,
             kl_estimator=cfg.kl_estimator, max_grad_norm=cfg.max_grad_norm,
-            micro_batch_tokens=cfg.micro_batch_tokens, lm_head_chunk_tokens=cfg.lm_head_chunk_tokens, vf_coef=cfg.vf_coef, vf_clip=cfg.vf_clip,
+            micro_batch_tokens=cfg.micro_batch_tokens, lm_head_chunk_tokens=cfg.lm_head_chunk_tokens,
+            vf_coef=cfg.vf_coef, vf_clip=cfg.vf_clip,
             autocast_dtype=autocast_dtype, ppo_epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches,
         )
         return replace(settings, **changes)

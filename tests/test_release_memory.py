@@ -97,24 +97,32 @@ def test_peak_rss_sees_what_a_block_needed_above_its_start():
     del held
 
 
-MMAP = r"""
-import sys
-import torch
+MMAP = r'''
+import ctypes, sys
 from harnessrl.memory import fix_mmap_threshold
 
 def rss_mb():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096 / 2**20
 
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
 fixed = fix_mmap_threshold() if sys.argv[1] == "fixed" else False
-first = torch.ones(2**20)  # 4 MB: mapped, and freeing it raises glibc's own threshold above 4 MB
-del first
-blocks = [torch.ones(2**20) for _ in range(100)]  # a step's activations: ~400 MB of 4-MB blocks
-keep = torch.ones(16)  # allocated after them: the heap's top cannot shrink below it
+SIZE = 4 * 2**20
+libc.free(libc.malloc(SIZE))  # mapped; freeing it raises glibc's own threshold above 4 MB
+blocks, pins = [], []
+for _ in range(100):  # a step's activations: ~400 MB of 4-MB blocks, each touched
+    block = libc.malloc(SIZE)
+    libc.memset(block, 1, SIZE)
+    blocks.append(block)
+    pins.append(libc.malloc(256 * 2**10))  # kept, too large for a free bin: it follows the block
 before = rss_mb()
-del blocks
+for block in blocks:
+    libc.free(block)
 print(fixed, round(before - rss_mb()))
-"""
+'''
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the mmap threshold is glibc's")
@@ -122,7 +130,8 @@ print(fixed, round(before - rss_mb()))
 def test_a_fixed_mmap_threshold_hands_freed_activations_back_at_once(mode):
     """With the threshold fixed (what the command line sets), blocks of a few MB are mapped on
     their own pages and go back to the system when freed; with glibc's default, the first
-    freed block raises the threshold and the rest stay on the heap after they are freed."""
+    freed block raises the threshold and the rest stay on the heap after they are freed (the
+    C allocator's own blocks: torch's placement of small tensors would decide the heap's top)."""
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
     out = subprocess.run([sys.executable, "-c", MMAP, mode], capture_output=True, text=True, timeout=120,
                          check=True, env=env)

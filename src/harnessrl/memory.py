@@ -75,6 +75,13 @@ def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
     return bool(libc.mallopt(M_MMAP_THRESHOLD, int(threshold)))
 
 
+def bound_host_memory() -> None:
+    """Sets what this module sets in process (``limit_malloc_arenas``, ``fix_mmap_threshold``);
+    the command line and ``Trainer`` call it first."""
+    limit_malloc_arenas()
+    fix_mmap_threshold()
+
+
 def release_freed_memory() -> bool:
     """Returns the host memory freed objects left in the C allocator to the system (glibc's
     ``malloc_trim``); True when some was returned.

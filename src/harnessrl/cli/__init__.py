@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from harnessrl import __version__
 from harnessrl.cli.common import HelpFormatter, Parser
 from harnessrl.diskio import DiskFull
-from harnessrl.memory import fix_mmap_threshold, limit_malloc_arenas
+from harnessrl.memory import bound_host_memory
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,8 +55,7 @@ def _terminated(signum: int, _frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the process exit code."""
-    limit_malloc_arenas()  # before any thread allocates: training's memory stays bounded (harnessrl.memory)
-    fix_mmap_threshold()
+    bound_host_memory()  # before any thread allocates: training's memory stays bounded (harnessrl.memory)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -181,6 +181,12 @@ class Actor:
             self.policy.sync_weights(self.model)
         release_freed_memory()  # the step's activations, kept by the C allocator otherwise
 
+    def release_rollout_memory(self) -> None:
+        """Drops the rollout policy's prefix cache and hands freed memory back to the system:
+        call it after an evaluation, whose prompts the training does not share."""
+        self.policy.clear_prefix_cache()
+        release_freed_memory()
+
     def save(self, run_dir: Path, step: int, state: dict[str, Any], main: bool) -> None:
         """Writes the checkpoint of ``step`` (one full checkpoint whatever the world size: every
         rank gathers a sharded model, rank 0 writes; it resumes on any)."""

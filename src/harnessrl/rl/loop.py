@@ -28,7 +28,7 @@ from harnessrl.design import make_design
 from harnessrl.diskio import append_text, is_disk_full, write_text_atomic
 from harnessrl.harness.harness import HarnessLimits
 from harnessrl.harness.registry import default_space
-from harnessrl.memory import limit_malloc_arenas, peak_rss_mb, rss_mb
+from harnessrl.memory import bound_host_memory, peak_rss_mb, rss_mb
 from harnessrl.pairing import PairingSchedule
 from harnessrl.progress import Progress
 from harnessrl.rl.actor import Actor
@@ -59,7 +59,7 @@ class Trainer:
     """Owns the policy, optimizer and run directory of one training run."""
 
     def __init__(self, cfg: TrainConfig, resume: bool = False, log: Logger = print) -> None:
-        limit_malloc_arenas()  # bounded host memory without MALLOC_ARENA_MAX (harnessrl.memory)
+        bound_host_memory()  # without MALLOC_ARENA_MAX or MALLOC_MMAP_THRESHOLD_ (harnessrl.memory)
         self.sitting_started = time.monotonic()
         # Under torchrun every rank trains; rank 0 alone logs and writes (rl.distributed).
         self.parallel = DataParallel.from_env()
@@ -126,12 +126,14 @@ class Trainer:
 
     # -- evaluation -------------------------------------------------------------------------
     def evaluate(self, label: str) -> dict[str, Any]:
-        """Returns Pass@1 per evaluation set (``rl.evaluation``; on rank 0 under torchrun)."""
+        """Returns Pass@1 per evaluation set (``rl.evaluation``; on rank 0 under torchrun); then
+        drops what its prompts cached, which the next optimizer step would otherwise hold."""
         def run() -> dict[str, Any]:
             out = evaluate_run(self.policy, self.cfg, eval_sets(self.cfg, self.held_out), self.eval_tasks,
                                self.limits, self.design, self.run_dir / "eval" / f"{label}.jsonl", self.log)
             if out:
                 self.tracker.log_eval(label, out, int(self.state.get("step", 0)))
+            self.actor.release_rollout_memory()
             return out
 
         return self.parallel.on_main(run) if self.parallel is not None else run()

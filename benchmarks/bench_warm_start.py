@@ -40,11 +40,14 @@ def child(variant: str, args: argparse.Namespace) -> dict:
     import tempfile
     import time
 
-    from harnessrl.memory import PeakRSS, fix_mmap_threshold, limit_malloc_arenas
+    from harnessrl import memory
+    from harnessrl.memory import PeakRSS
 
-    limit_malloc_arenas()
+    memory.limit_malloc_arenas()
     if VARIANTS[variant]:
-        assert fix_mmap_threshold(), "glibc refused the mmap threshold"
+        assert memory.fix_mmap_threshold(), "glibc refused the mmap threshold"
+    else:  # Trainer sets it too (bound_host_memory): the baseline keeps glibc's own
+        memory.fix_mmap_threshold = lambda *args, **kwargs: False
     import torch
 
     from harnessrl.rl.config import load_config

@@ -1,5 +1,5 @@
-"""The process's host memory: glibc's arena limit and mmap threshold set in process, freed
-memory handed back to the system, the resident size a training step reports, and a sampler of
+"""The process's host memory: glibc's arena limit (and, on request, its mmap threshold) set in
+process, freed memory handed back to the system, the resident size a training step reports, and a sampler of
 a call's peak above it.
 
 glibc gives each thread that contends for the heap an arena of its own, up to 8 per core; a
@@ -24,7 +24,7 @@ import time
 M_ARENA_MAX = -8  # glibc's mallopt parameters (malloc.h)
 M_MMAP_THRESHOLD = -3
 ARENA_LIMIT = 2  # what MALLOC_ARENA_MAX=2 set: measured to keep a training process bounded
-MMAP_THRESHOLD = 2**20  # bytes: a block this large or larger gets pages of its own (docs/benchmarks.md)
+MMAP_THRESHOLD = 2**20  # bytes: a block this large or larger gets pages of its own (fix_mmap_threshold)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _arenas_limited: bool | None = None
 
@@ -66,20 +66,15 @@ def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
 
     glibc starts at 128 kB but raises its threshold to the size of each mapped block freed, up
     to 32 MB, so after the first step a step's activations (a few MB each) come from the heap,
-    which fragments: on the quick preset's warm start the trainer's peak was about 1 GB higher
-    (4.6 against 3.6 GB, docs/benchmarks.md). A fixed threshold stops the raising. A
+    which fragments. A fixed threshold stops the raising: on the quick preset's warm-start steps
+    the peak fell 1.32x (4.8 -> 3.6 GB) but the CPU time rose 1.33x, each new block being fresh
+    zeroed pages (10x the page faults; `benchmarks/bench_warm_start.py`, docs/benchmarks.md), so
+    nothing calls it by default: a run short of memory may call it first. A
     ``MALLOC_MMAP_THRESHOLD_`` the user set is respected; off glibc, False."""
     libc = _glibc()
     if libc is None or os.environ.get("MALLOC_MMAP_THRESHOLD_"):
         return False
     return bool(libc.mallopt(M_MMAP_THRESHOLD, int(threshold)))
-
-
-def bound_host_memory() -> None:
-    """Sets what this module sets in process (``limit_malloc_arenas``, ``fix_mmap_threshold``);
-    the command line and ``Trainer`` call it first."""
-    limit_malloc_arenas()
-    fix_mmap_threshold()
 
 
 def release_freed_memory() -> bool:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from harnessrl import __version__
 from harnessrl.cli.common import HelpFormatter, Parser
 from harnessrl.diskio import DiskFull
-from harnessrl.memory import bound_host_memory
+from harnessrl.memory import limit_malloc_arenas
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +55,7 @@ def _terminated(signum: int, _frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the process exit code."""
-    bound_host_memory()  # before any thread allocates: training's memory stays bounded (harnessrl.memory)
+    limit_malloc_arenas()  # before any thread allocates: training's memory stays bounded (harnessrl.memory)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -28,7 +28,7 @@ from harnessrl.design import make_design
 from harnessrl.diskio import append_text, is_disk_full, write_text_atomic
 from harnessrl.harness.harness import HarnessLimits
 from harnessrl.harness.registry import default_space
-from harnessrl.memory import bound_host_memory, peak_rss_mb, rss_mb
+from harnessrl.memory import limit_malloc_arenas, peak_rss_mb, rss_mb
 from harnessrl.pairing import PairingSchedule
 from harnessrl.progress import Progress
 from harnessrl.rl.actor import Actor
@@ -59,7 +59,7 @@ class Trainer:
     """Owns the policy, optimizer and run directory of one training run."""
 
     def __init__(self, cfg: TrainConfig, resume: bool = False, log: Logger = print) -> None:
-        bound_host_memory()  # without MALLOC_ARENA_MAX or MALLOC_MMAP_THRESHOLD_ (harnessrl.memory)
+        limit_malloc_arenas()  # bounded host memory without MALLOC_ARENA_MAX (harnessrl.memory)
         self.sitting_started = time.monotonic()
         # Under torchrun every rank trains; rank 0 alone logs and writes (rl.distributed).
         self.parallel = DataParallel.from_env()

@@ -1,6 +1,7 @@
 """A training process bounds its host memory itself: glibc's arenas capped in process (no
-MALLOC_ARENA_MAX needed; the mmap threshold fixed on request), and the memory of a finished step handed back to the system (without
-it, a CPU update step's freed activations stay with the C allocator for the life of the process)."""
+MALLOC_ARENA_MAX needed; the mmap threshold fixed on request), and the memory of a finished step
+handed back to the system (without it, a CPU update step's freed activations stay with the C
+allocator for the life of the process)."""
 
 import os
 import subprocess
@@ -128,8 +129,8 @@ print(fixed, round(before - rss_mb()))
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the mmap threshold is glibc's")
 @pytest.mark.parametrize("mode", ["fixed", "default"])
 def test_a_fixed_mmap_threshold_hands_freed_activations_back_at_once(mode):
-    """With the threshold fixed (``fix_mmap_threshold``, on request), blocks of a few MB are mapped on
-    their own pages and go back to the system when freed; with glibc's default, the first
+    """With the threshold fixed (``fix_mmap_threshold``, on request), blocks of a few MB are
+    mapped on their own pages and go back to the system when freed; with glibc's default, the first
     freed block raises the threshold and the rest stay on the heap after they are freed (the
     C allocator's own blocks: torch's placement of small tensors would decide the heap's top)."""
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}

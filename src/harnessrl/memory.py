@@ -1,6 +1,6 @@
 """The process's host memory: glibc's arena limit (and, on request, its mmap threshold) set in
-process, freed memory handed back to the system, the resident size a training step reports, and a sampler of
-a call's peak above it.
+process, freed memory handed back to the system, the resident size a training step reports, and
+a sampler of a call's peak above it.
 
 glibc gives each thread that contends for the heap an arena of its own, up to 8 per core; a
 trainer's rollout, sandbox and torch threads each fill one with a step's short-lived buffers,

@@ -6,6 +6,7 @@ allocator for the life of the process)."""
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -87,9 +88,9 @@ def test_peak_rss_sees_what_a_block_needed_above_its_start():
 
     held = bytearray(100 * 2**20)  # there before the block: not the block's
     with PeakRSS(interval_s=0.001) as peak:
-        inside = bytearray(200 * 2**20)  # zero-filled: every page touched
-        for _ in range(50):  # long enough for the sampler to see it
-            sum(inside[:: 2**20])
+        inside = bytearray(200 * 2**20)  # fresh mapped pages: zero, not resident until written
+        inside[::4096] = b"\x01" * len(range(0, len(inside), 4096))  # one write per page
+        time.sleep(0.1)  # the sampler (every 1 ms) runs while this thread waits
         del inside
     assert 150 < peak.extra_mb < 400, peak.extra_mb
     with PeakRSS() as idle:

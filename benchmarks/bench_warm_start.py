@@ -1,24 +1,26 @@
-"""Peak memory, CPU time and page faults of the quick preset's warm-start steps (the SFT steps of `make run`), glibc's mmap threshold fixed against glibc's default, in one run.
+"""Peak memory, CPU time and page faults of the quick preset's warm-start steps (the SFT steps of `make run`), two variants side by side in one run.
 
 The steps are those of ``harnessrl train`` (the quick preset, or whatever ``--set`` changes):
 oracle demonstrations under the training harnesses, then ``--steps`` full fine-tuning steps of
 4 demonstrations each (float32 master weights, bfloat16 autocast where the CPU has it,
-activation checkpointing, each step followed by the weight sync). Variants, each in a fresh
-child process with glibc's arenas capped at 2 (as the command line does):
+activation checkpointing, each step followed by the weight sync). Each variant runs in a fresh
+child process with glibc's arenas capped at 2 (as the command line does). ``--compare``:
 
-- ``glibc default threshold`` (baseline): glibc's dynamic mmap threshold, which rises to the
-  size of each mapped block freed (up to 32 MB), so a step's activations come from the heap;
-- ``fixed 1 MiB threshold``: ``harnessrl.memory.fix_mmap_threshold()`` (off by default: measured
-  1.32x less peak at 1.33x the CPU time): every block of 1 MiB or more is mapped and handed back
-  when freed.
+- ``threshold``: glibc's dynamic mmap threshold (baseline), which rises to the size of each
+  mapped block freed (up to 32 MB), so a step's activations come from the heap, against
+  ``harnessrl.memory.fix_mmap_threshold()`` (off by default: measured 1.32x less peak at 1.33x
+  the CPU time), which maps every block of 1 MiB or more and hands it back when freed. The
+  allocator moves no value: the NLLs must be equal. ``ratio``: the baseline's peak over the variant's.
+- ``causal``: micro-batches under their padding mask (``causal_mask_only: false``, baseline)
+  against the causal mask alone (``causal_mask_only: true``, the quick preset's). Step 0's NLL
+  must be equal (the forward is the same bit for bit); later steps differ by the attention
+  backward's rounding. ``ratio``: the baseline's CPU time over the variant's.
 
 Per step it prints the tokens, trained tokens, micro-batches, CPU and wall seconds, the peak
-RSS (sampled every 10 ms) and the NLL; the two variants must train the same numbers (the
-allocator moves no value), and the script fails otherwise. Step 0 (first-call costs) is left
-out of the sums. The last line is ``ratio: X`` (the baseline's peak over the fixed threshold's).
+RSS (sampled every 10 ms) and the NLL. Step 0 (first-call costs) is left out of the sums.
 ``--profile`` prints the top operators of step 2 by self CPU time (baseline only).
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_warm_start.py [--steps 5] [--set FIELD=VALUE ...]
+    OMP_NUM_THREADS=1 python benchmarks/bench_warm_start.py [--compare threshold|causal] [--steps 5] [--set FIELD=VALUE ...]
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ import json
 import subprocess
 import sys
 
-VARIANTS = {"glibc default threshold (baseline)": False, "fixed 1 MiB threshold": True}
+# comparison: {variant: (fix the mmap threshold, config fields set)}, the baseline first
+COMPARISONS = {
+    "threshold": {"glibc default threshold (baseline)": (False, []), "fixed 1 MiB threshold": (True, [])},
+    "causal": {"padding mask (baseline)": (False, ["causal_mask_only=false"]),
+               "causal mask only": (False, ["causal_mask_only=true"])},
+}
 
 
 class _Enough(Exception):
@@ -36,7 +43,8 @@ class _Enough(Exception):
 
 
 def child(variant: str, args: argparse.Namespace) -> dict:
-    """Runs the warm start's first ``args.steps`` steps under ``variant``; returns per-step figures."""
+    """Runs the warm start's first ``args.steps`` steps under ``variant`` of ``args.compare``;
+    returns per-step figures."""
     import resource
     import tempfile
     import time
@@ -45,14 +53,15 @@ def child(variant: str, args: argparse.Namespace) -> dict:
     from harnessrl.memory import PeakRSS
 
     memory.limit_malloc_arenas()
-    if VARIANTS[variant]:
+    fixed_threshold, fields = COMPARISONS[args.compare][variant]
+    if fixed_threshold:
         assert memory.fix_mmap_threshold(), "glibc refused the mmap threshold"
     import torch
 
     from harnessrl.rl.config import load_config
     from harnessrl.rl.loop import Trainer
 
-    cfg = load_config(preset="quick", sets=[f"run_dir={tempfile.mkdtemp()}", *args.set])
+    cfg = load_config(preset="quick", sets=[f"run_dir={tempfile.mkdtemp()}", *args.set, *fields])
     trainer = Trainer(cfg, log=lambda message: None)
     sft_step, steps = trainer.actor.sft_step, []
 
@@ -87,6 +96,7 @@ def child(variant: str, args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="threshold", help="the pair of variants")
     parser.add_argument("--steps", type=int, default=5, help="warm-start steps per variant (the first is left out)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="a training config field over the quick preset (repeatable)")
@@ -98,14 +108,15 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child, args)))
         return
-    shape = ["--steps", str(args.steps)] + [f"--set={item}" for item in args.set]
+    shape = ["--compare", args.compare, "--steps", str(args.steps)] + [f"--set={item}" for item in args.set]
+    variants = COMPARISONS[args.compare]
     results = {}
-    for index, variant in enumerate(VARIANTS):
+    for index, variant in enumerate(variants):
         profile = ["--profile"] if args.profile and index == 0 else []
         out = subprocess.run([sys.executable, __file__, "--child", variant, *shape, *profile],
                              stdout=subprocess.PIPE, text=True, check=True)
         results[variant] = json.loads(out.stdout.strip().splitlines()[-1])["steps"]
-    baseline = results[next(iter(VARIANTS))]
+    baseline = results[next(iter(variants))]
     print(f"quick preset warm start, steps 1-{args.steps - 1} (step 0 left out){' with ' + ', '.join(args.set) if args.set else ''}")
     summary = {}
     for variant, steps in results.items():
@@ -119,11 +130,16 @@ def main() -> None:
                             "faults": sum(s["faults"] for s in later)}
         m = summary[variant]
         print(f"{variant:38s} peak RSS {m['peak_mb']:6.0f} MB   CPU {m['cpu_s']:6.1f} s   page faults {m['faults']}")
-        if [s["nll"] for s in steps] != [s["nll"] for s in baseline]:
+        same = len(steps) if args.compare == "threshold" else 1  # the steps whose NLL must be equal
+        if [s["nll"] for s in steps[:same]] != [s["nll"] for s in baseline[:same]]:
             sys.exit(f"{variant} trained other numbers than the baseline")
-    base, fixed = (summary[v] for v in VARIANTS)
-    print(f"CPU time ratio (fixed / baseline): {fixed['cpu_s'] / base['cpu_s']:.2f}")
-    print(f"ratio: {base['peak_mb'] / fixed['peak_mb']:.2f}")
+    base, other = (summary[v] for v in variants)
+    drift = max(abs(a["nll"] - b["nll"]) / abs(b["nll"]) for a, b in zip(results[list(variants)[1]], baseline, strict=True))
+    print(f"largest NLL difference, relative: {drift:.2e}")
+    print(f"peak ratio (baseline / variant): {base['peak_mb'] / other['peak_mb']:.2f}")
+    print(f"CPU time ratio (variant / baseline): {other['cpu_s'] / base['cpu_s']:.2f}")
+    key = "peak_mb" if args.compare == "threshold" else "cpu_s"
+    print(f"ratio: {base[key] / other[key]:.2f}")
 
 
 if __name__ == "__main__":

@@ -157,7 +157,8 @@ class Actor:
         metrics = update_step(
             self.model, optimizer, samples, self.pad_id, UpdateSettings(
                 objective="nll", max_grad_norm=cfg.max_grad_norm, micro_batch_tokens=cfg.micro_batch_tokens,
-                lm_head_chunk_tokens=cfg.lm_head_chunk_tokens, autocast_dtype=self.autocast_dtype),
+                lm_head_chunk_tokens=cfg.lm_head_chunk_tokens, causal_mask_only=cfg.causal_mask_only,
+                autocast_dtype=self.autocast_dtype),
             scheduler=scheduler, data_parallel=self.parallel,
         )
         self.sync_rollout_weights()

@@ -109,7 +109,7 @@ def _pack(order: list[UpdateSample], token_budget: int, share_prefix: bool) -> l
 
 def collate(
     batch: list[UpdateSample], pad_id: int, device: torch.device, share_prefix: bool = False,
-    old_logprobs: dict[int, torch.Tensor] | None = None, two_calls: bool = False,
+    old_logprobs: dict[int, torch.Tensor] | None = None, two_calls: bool = False, causal_only: bool = False,
 ) -> dict[str, torch.Tensor]:
     length = max(len(s.input_ids) for s in batch)
     ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
@@ -146,6 +146,7 @@ def collate(
         **extra,
         "prefix_len": torch.tensor(prefix),
         "split": torch.tensor(two_calls and prefix == 0),
+        "causal_only": torch.tensor(causal_only),
         "value_mask": value_mask.to(device),
         "returns": returns.to(device),
         "old_values": old_values.to(device),

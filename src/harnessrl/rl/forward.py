@@ -21,7 +21,7 @@ from harnessrl.rl.batching import UpdateSample, collate, micro_batches
 def old_token_logprobs(
     model: torch.nn.Module, samples: list[UpdateSample], pad_id: int, temperature: float,
     micro_batch_tokens: int = 4096, autocast_dtype: torch.dtype | None = None, share_prefix: bool = True,
-    head_chunk_tokens: int = 0,
+    head_chunk_tokens: int = 0, causal_mask_only: bool = False,
 ) -> dict[int, torch.Tensor]:
     """Returns, per sample (keyed by ``id``), the log-probabilities [len - 1] that the current
     weights give its tokens 1.. (0 where nothing is trained): the old policy of a multi-step
@@ -29,7 +29,7 @@ def old_token_logprobs(
     device = next(model.parameters()).device
     out: dict[int, torch.Tensor] = {}
     for batch in micro_batches(samples, micro_batch_tokens, share_prefix):
-        data = collate(batch, pad_id, device, share_prefix)
+        data = collate(batch, pad_id, device, share_prefix, causal_only=causal_mask_only)
         if float(data["mask"].sum()) == 0:
             logprobs = torch.zeros(data["mask"].shape)
         else:
@@ -130,12 +130,18 @@ def decoder_hidden(decoder: torch.nn.Module, data: dict[str, torch.Tensor]) -> t
     first over every row's first token, the rest against its keys and values: the result of
     one pass, called the way a shared-prefix micro-batch calls it (the ranks of a sharded
     model must call each layer equally often: ``rl.distributed.DataParallel.local``).
+
+    With ``data["causal_only"]`` a one-call pass runs under the causal mask alone: ``collate``
+    pads rows on the right, so no real token attends to a pad, and without a padding mask
+    scaled-dot-product attention skips the blocks above the diagonal. The real tokens' hidden
+    states are those of the masked pass bit for bit; the backward sums in another order.
     """
     ids, attention = data["input_ids"], data["attention_mask"]
     prefix = int(data.get("prefix_len", 0))
     split = bool(data.get("split", False))
     if prefix <= 0 and not split:
-        return decoder(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
+        mask = None if bool(data.get("causal_only", False)) else attention
+        return decoder(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
     rows, length = ids.shape
     cache_argument = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
     from transformers.cache_utils import Cache, DynamicCache, DynamicLayer

@@ -44,6 +44,7 @@ class UpdateSettings:
     max_grad_norm: float = 1.0
     micro_batch_tokens: int = 4096
     lm_head_chunk_tokens: int = 0
+    causal_mask_only: bool = False
     vf_coef: float = 0.1
     vf_clip: float | None = 0.2
     autocast_dtype: torch.dtype | None = None
@@ -72,7 +73,7 @@ class UpdateSettings:
             importance_cap=cfg.importance_cap, entropy_coef=cfg.entropy_coef, kl_coef=cfg.kl_coef,
             kl_estimator=cfg.kl_estimator, max_grad_norm=cfg.max_grad_norm,
             micro_batch_tokens=cfg.micro_batch_tokens, lm_head_chunk_tokens=cfg.lm_head_chunk_tokens,
-            vf_coef=cfg.vf_coef, vf_clip=cfg.vf_clip,
+            causal_mask_only=cfg.causal_mask_only, vf_coef=cfg.vf_coef, vf_clip=cfg.vf_clip,
             autocast_dtype=autocast_dtype, ppo_epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches,
         )
         return replace(settings, **changes)

@@ -116,7 +116,8 @@ def update_step(
     old_of = None
     if settings.multi_step:
         old_of = old_token_logprobs(model, samples, pad_id, settings.temperature, settings.micro_batch_tokens,
-                                    settings.autocast_dtype, settings.share_prefix, settings.lm_head_chunk_tokens)
+                                    settings.autocast_dtype, settings.share_prefix, settings.lm_head_chunk_tokens,
+                                    settings.causal_mask_only)
     params = [p for p in model.parameters() if p.requires_grad]
     if value_head is not None:
         params += list(value_head.parameters())
@@ -163,7 +164,7 @@ def _accumulate_mini_batch(
         else ((b, 1.0, False) for b in batches)
     ):
         # weight 0 and two_calls keep a sharded model's collectives in step (rl.distributed)
-        data = collate(batch, pad_id, device, settings.share_prefix, old_of, two_calls)
+        data = collate(batch, pad_id, device, settings.share_prefix, old_of, two_calls, settings.causal_mask_only)
         n_tokens = float(data["mask"].sum())
         if n_tokens == 0:
             continue

@@ -8,8 +8,9 @@ child process with glibc's arenas capped at 2 (as the command line does). ``--co
 
 - ``threshold``: glibc's dynamic mmap threshold (baseline), which rises to the size of each
   mapped block freed (up to 32 MB), so a step's activations come from the heap, against
-  ``harnessrl.memory.fix_mmap_threshold()`` (off by default: measured 1.32x less peak at 1.33x
-  the CPU time), which maps every block of 1 MiB or more and hands it back when freed. The
+  ``harnessrl.memory.fix_mmap_threshold()`` at ``--threshold-mib`` (default 1; off by default:
+  at 1 MiB measured 1.32x less peak at 1.33x the CPU time), which maps every block of that size
+  or more and hands it back when freed. The
   allocator moves no value: the NLLs must be equal. ``ratio``: the baseline's peak over the variant's.
 - ``causal``: micro-batches under their padding mask (``causal_mask_only: false``, baseline)
   against the causal mask alone (``causal_mask_only: true``, the quick preset's). Step 0's NLL
@@ -32,7 +33,7 @@ import sys
 
 # comparison: {variant: (fix the mmap threshold, config fields set)}, the baseline first
 COMPARISONS = {
-    "threshold": {"glibc default threshold (baseline)": (False, []), "fixed 1 MiB threshold": (True, [])},
+    "threshold": {"glibc default threshold (baseline)": (False, []), "fixed threshold": (True, [])},
     "causal": {"padding mask (baseline)": (False, ["causal_mask_only=false"]),
                "causal mask only": (False, ["causal_mask_only=true"])},
 }
@@ -55,7 +56,7 @@ def child(variant: str, args: argparse.Namespace) -> dict:
     memory.limit_malloc_arenas()
     fixed_threshold, fields = COMPARISONS[args.compare][variant]
     if fixed_threshold:
-        assert memory.fix_mmap_threshold(), "glibc refused the mmap threshold"
+        assert memory.fix_mmap_threshold(args.threshold_mib << 20), "glibc refused the mmap threshold"
     import torch
 
     from harnessrl.rl.config import load_config
@@ -97,6 +98,7 @@ def child(variant: str, args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compare", choices=sorted(COMPARISONS), default="threshold", help="the pair of variants")
+    parser.add_argument("--threshold-mib", type=int, default=1, help="the fixed threshold (--compare threshold)")
     parser.add_argument("--steps", type=int, default=5, help="warm-start steps per variant (the first is left out)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="a training config field over the quick preset (repeatable)")
@@ -108,7 +110,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child, args)))
         return
-    shape = ["--compare", args.compare, "--steps", str(args.steps)] + [f"--set={item}" for item in args.set]
+    shape = ["--compare", args.compare, "--threshold-mib", str(args.threshold_mib), "--steps", str(args.steps)] + [f"--set={item}" for item in args.set]
     variants = COMPARISONS[args.compare]
     results = {}
     for index, variant in enumerate(variants):

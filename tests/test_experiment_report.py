@@ -167,6 +167,13 @@ def test_the_learning_experiment_runs_the_frontier_against_the_sft_only_control(
         exclude={"rescue", "siblings", "router", "rescue_k", "run_dir"})
     assert (rescued.rescue, rescued.siblings, rescued.router, rescued.rescue_k) == ("siblings", "space", "random", 4)
     assert executor_rollouts_bound(rescued)["validation"] == 0  # random routing runs no paired validation
+    # cpu_learn_wide.yaml: that rescue arm with 6 tasks per step, on the same warm starts, controls and units
+    wide = load_experiment(CONFIGS / "cpu_learn_wide.yaml")
+    assert {**wide.base, "tasks_per_step": 4} == learn.base and wide.base["tasks_per_step"] == 6
+    assert wide.warm_start == learn.warm_start and wide.eval == learn.eval and wide.seeds == learn.seeds
+    widened = arm_config(wide, {a.name: a for a in wide.arms}["rl-frontier-rescue-6"], learn.seeds[0], tmp_path)
+    assert widened.model_dump(exclude={"tasks_per_step", "run_dir"}) == rescued.model_dump(
+        exclude={"tasks_per_step", "run_dir"})
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -473,6 +480,7 @@ def test_jobs_split_seeds_over_workers_and_a_failed_worker_keeps_the_rest(tmp_pa
 
 # A valid value other than the default for each field that only RL steps read.
 RL_STEP_VALUES = {
+    "tasks_per_step": 2, "group_size": 3,
     "learning_rate": 0.05, "warmup_steps": 3, "lr_schedule": "cosine", "weight_decay": 0.1, "ppo_epochs": 2,
     "mini_batches": 2, "clip_low": 0.1, "clip_high": 0.3, "aggregation": "token_sum_norm", "loss_norm_tokens": 64,
     "policy_loss": "gspo", "advantage": "rloo", "scale_std": False, "importance_cap": 3.0, "kl_coef": 0.1,
@@ -480,6 +488,19 @@ RL_STEP_VALUES = {
     "temperature": 0.5, "top_p": 0.9, "frontier": True, "frontier_decay": 0.5, "frontier_prior": 2.0,
     "frontier_low": 0.2, "frontier_high": 0.8, "frontier_explore": 0.5,
 }
+
+
+def test_a_finished_run_is_the_same_run_in_a_moved_or_copied_experiment_folder():
+    from harnessrl.experiment.spec import changed_fields
+    from harnessrl.rl.config import TrainConfig
+
+    warm = "warm-start/seed0/checkpoints/step-000000/model"
+    cfg = TrainConfig(run_dir="experiments/wide/arms/oa-seed0", model=f"experiments/wide/{warm}")
+    recorded = {**cfg.model_dump(), "run_dir": "/old/learn/arms/oa-seed0", "model": f"/old/learn/{warm}"}
+    assert changed_fields(recorded, cfg) == []
+    assert changed_fields({**recorded, "model": "/old/another-model"}, cfg) == ["model"]
+    assert changed_fields({**recorded, "model": f"/old/other/{warm}"}, cfg) == ["model"]  # another folder's
+    assert changed_fields({**recorded, "run_dir": "/old/learn/arms/other-seed0"}, cfg) == ["run_dir"]
 
 
 def test_a_warm_start_reads_no_rl_setting_so_an_rl_sweep_reuses_it(tmp_path, tiny_model):
@@ -499,7 +520,9 @@ def test_a_warm_start_reads_no_rl_setting_so_an_rl_sweep_reuses_it(tmp_path, tin
     text = text.replace("  - {name: single, design: single, pairing: repeat, k: 2}\n", "")
     text = text.replace("reference: single", "reference: sft-only") + "  - {name: sft-only, control: sft-only}\n"
     spec = load_experiment(write(tmp_path, text))
-    swept = load_experiment(write(tmp_path, text.replace("  learning_rate: 0.001\n", "  " + "\n  ".join(
+    batch = "  tasks_per_step: 1\n  group_size: 2\n"
+    assert batch in text
+    swept = load_experiment(write(tmp_path, text.replace(batch, "").replace("  learning_rate: 0.001\n", "  " + "\n  ".join(
         f"{name}: {json.dumps(value)}" for name, value in RL_STEP_VALUES.items()) + "\n")))
     assert swept.base["frontier"] is True and swept.base["learning_rate"] == 0.05
     first, second = tmp_path / "first", tmp_path / "second"

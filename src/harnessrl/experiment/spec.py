@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -198,15 +199,16 @@ def arm_config(spec: ExperimentSpec, arm: ArmSpec, seed: int, out_dir: Path, sou
 
 
 RL_STEP_FIELDS = (
-    "learning_rate", "warmup_steps", "lr_schedule", "weight_decay", "ppo_epochs", "mini_batches", "clip_low",
+    "tasks_per_step", "group_size", "learning_rate", "warmup_steps", "lr_schedule", "weight_decay", "ppo_epochs", "mini_batches", "clip_low",
     "clip_high", "aggregation", "loss_norm_tokens", "policy_loss", "advantage", "scale_std", "importance_cap",
     "kl_coef", "kl_estimator", "entropy_coef", "skip_no_signal_groups", "dynamic_sampling_rounds", "temperature",
     "top_p", "frontier", "frontier_decay", "frontier_prior", "frontier_low", "frontier_high", "frontier_explore",
 )
-"""TrainConfig fields that only RL steps read (their optimizer, loss, training rollouts and task
-frontier): a run with no RL step (a seed's warm start, the SFT-only control) is the same run
-whatever they are, so a file whose RL settings changed (an RL sweep) reuses its warm starts and
-controls instead of retraining them (tests/test_experiment_report.py holds the list to that)."""
+"""TrainConfig fields that only RL steps read (their batch, optimizer, loss, training rollouts and
+task frontier): a run with no RL step (a seed's warm start, the SFT-only control) is the same run
+whatever they are, so a file whose RL settings changed (an RL sweep, a file with more tasks per
+step) reuses its warm starts and controls instead of retraining them (tests/test_experiment_report.py
+holds the list to that)."""
 
 
 SAME_NUMBERS_FIELDS = ("activation_checkpointing",)
@@ -219,8 +221,11 @@ def changed_fields(recorded: dict[str, Any], cfg: TrainConfig) -> list[str]:
     """Returns the fields in which a finished run's recorded config differs from ``cfg`` (none:
     the same run), ``SAME_NUMBERS_FIELDS`` left out; for a run with no RL step (``steps: 0``)
     ``RL_STEP_FIELDS`` are not compared either. A field the record lacks was added since, and
-    a new field's default keeps the behaviour from before it: the record counts as having it."""
-    now = cfg.model_dump()
+    a new field's default keeps the behaviour from before it: the record counts as having it.
+    ``run_dir`` and ``model`` compare relative to the experiment folder that holds the run where
+    they lie in it, so a folder moved or copied whole (or its warm starts and controls copied into
+    another experiment's folder) holds the same runs."""
+    recorded, now = _in_experiment(recorded), _in_experiment(cfg.model_dump())
     fields = type(cfg).model_fields
     skip = set(SAME_NUMBERS_FIELDS)
     if cfg.steps == 0 and recorded.get("steps") == 0:
@@ -232,6 +237,19 @@ def changed_fields(recorded: dict[str, Any], cfg: TrainConfig) -> list[str]:
         return fields[name].get_default(call_default_factory=True) if name in fields else "<absent>"
 
     return sorted(name for name in set(now) | set(recorded) if name not in skip and was(name) != now.get(name, "<absent>"))
+
+
+def _in_experiment(config: dict[str, Any]) -> dict[str, Any]:
+    """Returns ``config`` with its ``run_dir`` and ``model`` relative to the experiment folder
+    (``run_dir``'s grandparent: ``<out>/arms/<run>``, ``<out>/warm-start/<seed>``) where they lie in it."""
+    root = Path(str(config.get("run_dir") or ".")).parent.parent
+    located = dict(config)
+    for name in ("run_dir", "model"):
+        value = located.get(name)
+        if isinstance(value, str) and value:
+            with contextlib.suppress(ValueError):
+                located[name] = Path(value).relative_to(root).as_posix()
+    return located
 
 
 def warm_start_dir(out_dir: Path, seed: int) -> Path:

@@ -15,7 +15,9 @@ threads, greedy, float32 on both sides. Workloads:
 
 Per side it prints the median wall tokens/s and CPU seconds per generated token: for vLLM this
 process's tree (harness, sandboxes, the server and its engine and workers), for HFPolicy the
-same tree less the idle server's share. It checks that both sides generate identical greedy
+same tree less the idle server's share. This process caps glibc's arenas and hands freed
+memory back after each pass, as ``harnessrl`` does (without them a second trainer pass of
+HFPolicy grew to 17 GB and was killed). It checks that both sides generate identical greedy
 tokens episode by episode (``first_difference``) and exits with status 1 when they differ,
 after printing where. The server is stopped at the end. Last line: ``ratio: X`` = HFPolicy's
 wall tokens/s over vLLM's on the trainer workload (issue 28's goal: at least 1.0).
@@ -37,6 +39,7 @@ import torch
 from bench_policy_server import process_tree_cpu_s
 from bench_rollout import CONFIGS
 
+from harnessrl import memory
 from harnessrl.harness import Harness, HarnessLimits
 from harnessrl.policy.base import Policy, SamplingParams
 from harnessrl.policy.embedded import embedded_model_dir
@@ -100,6 +103,7 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
     args = parser.parse_args()
     workloads = args.workloads.split(",")
+    memory.limit_malloc_arenas()  # as `harnessrl` does: glibc's arenas capped at 2 in this process
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()
     hf = HFPolicy(None, device="cpu", dtype="float32")
@@ -125,6 +129,7 @@ def main() -> None:
                     if side == "HFPolicy":  # the idle server's polling is not HFPolicy's
                         cpu -= process_tree_cpu_s(server.process.pid) - server_cpu
                     hf.clear_prefix_cache()
+                    memory.release_freed_memory()  # as the trainer after an evaluation
                     walls[side].append(wall)
                     cpus[side].append(cpu)
                     tokens[side], outputs[side] = generated, trajectories

@@ -10,8 +10,8 @@ child process with glibc's arenas capped at 2 (as the command line does). ``--co
   mapped block freed (up to 32 MB), so a step's activations come from the heap, against
   ``harnessrl.memory.fix_mmap_threshold()`` at ``--threshold-mib`` (default 1; off by default:
   at 1 MiB measured 1.32x less peak at 1.33x the CPU time), which maps every block of that size
-  or more and hands it back when freed. The
-  allocator moves no value: the NLLs must be equal. ``ratio``: the baseline's peak over the variant's.
+  or more and hands it back when freed. The allocator moves no value: the NLLs must be equal.
+  ``ratio``: the baseline's peak over the variant's.
 - ``causal``: micro-batches under their padding mask (``causal_mask_only: false``, baseline)
   against the causal mask alone (``causal_mask_only: true``, the quick preset's). Step 0's NLL
   must be equal (the forward is the same bit for bit); later steps differ by the attention
@@ -110,7 +110,8 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child, args)))
         return
-    shape = ["--compare", args.compare, "--threshold-mib", str(args.threshold_mib), "--steps", str(args.steps)] + [f"--set={item}" for item in args.set]
+    shape = ["--compare", args.compare, "--threshold-mib", str(args.threshold_mib), "--steps", str(args.steps),
+             *(f"--set={item}" for item in args.set)]
     variants = COMPARISONS[args.compare]
     results = {}
     for index, variant in enumerate(variants):

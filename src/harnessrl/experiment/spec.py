@@ -199,7 +199,8 @@ def arm_config(spec: ExperimentSpec, arm: ArmSpec, seed: int, out_dir: Path, sou
 
 
 RL_STEP_FIELDS = (
-    "tasks_per_step", "group_size", "learning_rate", "warmup_steps", "lr_schedule", "weight_decay", "ppo_epochs", "mini_batches", "clip_low",
+    "tasks_per_step", "group_size",
+    "learning_rate", "warmup_steps", "lr_schedule", "weight_decay", "ppo_epochs", "mini_batches", "clip_low",
     "clip_high", "aggregation", "loss_norm_tokens", "policy_loss", "advantage", "scale_std", "importance_cap",
     "kl_coef", "kl_estimator", "entropy_coef", "skip_no_signal_groups", "dynamic_sampling_rounds", "temperature",
     "top_p", "frontier", "frontier_decay", "frontier_prior", "frontier_low", "frontier_high", "frontier_explore",

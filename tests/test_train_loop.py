@@ -193,6 +193,31 @@ def test_lora_rollouts_sample_a_copy_with_the_adapters_merged(tiny_model, tmp_pa
     assert all(torch.equal(v, base_weights()[k]) for k, v in base_before.items())  # the adapters stay unmerged
 
 
+def test_an_update_runs_after_the_rollouts_prefix_cache_is_dropped(tiny_model, tmp_path, monkeypatch):
+    """The step's rollouts filled the prefix cache; the update (whose weight sync drops it anyway)
+    runs without it, so its activations do not sit on top of the cached keys and values."""
+    import harnessrl.rl.actor as actor_module
+    from harnessrl.policy.base import GenerationRequest, SamplingParams
+
+    trainer = Trainer(load_config(preset="quick", overrides=tiny_overrides(tiny_model, tmp_path / "run", 1)),
+                      log=lambda m: None)
+    policy = trainer.policy
+    prompt = list(range(10, 80))
+    policy.generate([GenerationRequest(prompt, SamplingParams(temperature=0.0, max_new_tokens=4))])
+    assert policy.prefix_cache.tokens > 0
+    cached_during_update = []
+    real_update_step = actor_module.update_step
+
+    def spy(*args, **kwargs):
+        cached_during_update.append(policy.prefix_cache.tokens)
+        return real_update_step(*args, **kwargs)
+
+    monkeypatch.setattr(actor_module, "update_step", spy)
+    ids, mask = list(range(10, 30)), [0] * 10 + [1] * 10
+    trainer.actor.update([UpdateSample(ids, mask, [-1.0] * 20, 1.0), UpdateSample(ids[::-1], mask, [-1.0] * 20, -1.0)], 0)
+    assert cached_during_update == [0]
+
+
 def test_bf16_rollouts_keep_float32_master_weights_in_sync(tiny_model, tmp_path):
     """dtype=bfloat16: the optimizer owns float32 master weights, the policy samples from a
     bfloat16 copy, and every optimizer step copies the master into it."""

@@ -142,7 +142,12 @@ class Actor:
 
     def update(self, samples: list[UpdateSample], seed: int) -> dict[str, float]:
         """One update of the run's algorithm on ``samples`` (``update_step``), then the weight
-        sync; ``seed`` orders the mini-batches (a pure function of the step: resumable)."""
+        sync; ``seed`` orders the mini-batches (a pure function of the step: resumable). The
+        step's rollouts are over, so where they ran in this process their prefix cache and packed
+        layers, which the sync would drop after the update, go before it: the update's
+        activations do not sit on top of them."""
+        if self.cfg.policy_server is None:
+            self.release_rollout_memory()
         metrics = update_step(
             self.model, self.optimizer, samples, self.pad_id, UpdateSettings.from_config(self.cfg, self.autocast_dtype),
             ref_model=self.ref_model, value_head=self.value_head, scheduler=self.scheduler, seed=seed,
@@ -183,8 +188,9 @@ class Actor:
         release_freed_memory()  # the step's activations, kept by the C allocator otherwise
 
     def release_rollout_memory(self) -> None:
-        """Drops the rollout policy's prefix cache and hands freed memory back to the system:
-        call it after an evaluation, whose prompts the training does not share."""
+        """Drops the rollout policy's prefix cache (and its packed layers) and hands freed memory
+        back to the system: call it after an evaluation, whose prompts the training does not
+        share, and before an update, after which the weight sync would drop them anyway."""
         self.policy.clear_prefix_cache()
         release_freed_memory()
 

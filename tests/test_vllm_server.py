@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -284,8 +290,6 @@ def test_policy_server_config_refuses_lora_and_non_urls():
 
 
 def test_the_server_command_loads_the_weight_sync_extension():
-    from pathlib import Path
-
     from harnessrl.policy.served import RELOAD_METHOD
     from harnessrl.policy.vllm_cpu import vllm_server_command, vllm_server_env
 
@@ -296,3 +300,62 @@ def test_the_server_command_loads_the_weight_sync_extension():
     assert f"class {class_name}:" in source and f"def {RELOAD_METHOD}(" in source
     page = (Path(__file__).resolve().parent.parent / "docs" / "policy_server.md").read_text()
     assert f"--worker-extension-cls {extension}" in page and "PYTHONPATH=src/harnessrl/policy/vllm_worker" in page
+
+
+# A stand-in for the vLLM environment's interpreter: whatever module it is asked to run, it
+# answers GET /health on the command's --port, as the server does once it is up.
+_STAND_IN_SERVER = """#!/usr/bin/env python3
+import http.server, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+_STARTER = """
+import sys, time
+from harnessrl.policy.vllm_cpu import running_vllm_server
+with running_vllm_server(sys.argv[1], sys.argv[2], sys.argv[3], timeout_s=60) as server:
+    print(server.process.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie that nobody reaped yet does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_a_started_server_stops_when_its_starter_is_killed(tmp_path):
+    """`running_vllm_server` stops its server on exit; a SIGKILL of the process that started it
+    (the OOM killer, a killed benchmark) skips that exit, and the server must not outlive it."""
+    interpreter = tmp_path / "python"
+    interpreter.write_text(_STAND_IN_SERVER)
+    interpreter.chmod(0o755)
+    src = Path(__file__).resolve().parent.parent / "src"
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    starter = subprocess.Popen([sys.executable, "-c", _STARTER, str(interpreter), str(tmp_path), str(tmp_path / "log")],
+                               stdout=subprocess.PIPE, env=env, text=True)
+    server = None
+    try:
+        line = starter.stdout.readline()
+        assert line.strip().isdigit(), f"the starter printed no server pid (exit {starter.poll()}): {line!r}"
+        server = int(line)
+        assert _alive(server)
+        starter.send_signal(signal.SIGKILL)
+        starter.wait()
+        deadline = time.monotonic() + 30
+        while _alive(server) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(server), "the server outlived the process that started it"
+    finally:
+        starter.kill()
+        starter.wait()
+        if server is not None and _alive(server):  # what the failure left behind
+            os.kill(server, signal.SIGKILL)

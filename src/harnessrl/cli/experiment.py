@@ -29,6 +29,9 @@ def register(subparsers: Any) -> None:
                    "with its share of the cores (logs in OUT/logs/); the table is written once they end")
     p.add_argument("--no-table", action="store_true", help="run the arms only; write no table or report (what each "
                    "--jobs worker runs)")
+    p.add_argument("--record", default=None, metavar="DIR", help="copy the output folder to DIR without model "
+                   "weights and optimizer state (a few MB to keep: run into it later, on a machine of the same "
+                   "class, to add arms; warm starts are trained again and checked bit for bit) and exit")
     p.set_defaults(func=run_experiment_cli)
 
 
@@ -47,11 +50,18 @@ def run_experiment_cli(args: argparse.Namespace) -> int:
         run_experiment,
         run_experiment_jobs,
         warm_start_config,
+        write_record,
     )
     from harnessrl.harness.registry import default_space
 
     spec = load_experiment(args.file)
     out = Path(args.out or f"experiments/{spec.name}")
+    if args.record:
+        try:
+            print(f"record of {out}: {write_record(out, args.record)}")
+        except (FileNotFoundError, ValueError) as exc:
+            raise SystemExit(f"harnessrl experiment --record: {exc}") from None
+        return 0
     if args.dry_run:
         first = arm_config(spec, next(a for a in spec.arms if a.control is None), spec.seeds[0], out)
         print(f"experiment {spec.name}: {len(spec.arms)} arms x {len(spec.seeds)} seeds -> {out}")

@@ -47,7 +47,12 @@ from harnessrl.experiment.compare import (
     unit_scores,
     write_experiment_report,
 )
-from harnessrl.experiment.run import run_experiment, run_experiment_jobs, shared_warm_start
+from harnessrl.experiment.run import (
+    run_experiment,
+    run_experiment_jobs,
+    shared_warm_start,
+    write_record,
+)
 from harnessrl.experiment.spec import (
     ARM_FIELDS,
     BUDGET_FIELDS,
@@ -72,4 +77,5 @@ __all__ = [
     "EvalSpec", "ExperimentSpec", "arm_config", "arm_id", "budget", "compare", "comparison_markdown",
     "comparison_rows", "executor_rollouts", "executor_rollouts_bound", "load_experiment", "run_experiment", "run_experiment_jobs",
     "shared_warm_start", "unit_scores", "warm_start_config", "warm_start_model", "write_experiment_report",
+    "write_record",
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -36,28 +37,78 @@ if TYPE_CHECKING:
 
 def shared_warm_start(spec: ExperimentSpec, seed: int, out: Path, log: Logger = print) -> Path:
     """Trains (or finds) the seed's shared warm start and returns the model folder the arms
-    start from; a killed warm start is redone (it has no checkpoint before it ends)."""
+    start from; a killed warm start is redone (it has no checkpoint before it ends).
+
+    A finished warm start whose weights are gone (the folder is a record of an earlier sitting,
+    kept without checkpoints: docs/evaluation.md) is trained again and must come out bit for bit
+    as recorded (``weights_fingerprint``), or the arms finished on it would not pair with the
+    arms trained now; another machine class rounds differently, and that is an error."""
+    from harnessrl.rl.checkpoint import weights_fingerprint
     from harnessrl.rl.loop import Trainer
 
     cfg = warm_start_config(spec, seed, out)
-    run_dir = Path(cfg.run_dir)
+    run_dir, model = Path(cfg.run_dir), warm_start_model(out, seed)
     marker = run_dir / "warm_start.json"
+    recorded = None
     if marker.exists():
         done = json.loads(marker.read_text(encoding="utf-8"))
         changed = changed_fields(done.get("config", {}), cfg)
         if changed:
             raise ValueError(f"{run_dir}: a warm start with another {', '.join(changed)} is there; delete the "
                              "experiment's warm-start and arms folders to rerun with the new one")
-        return warm_start_model(out, seed)
+        if model.is_dir():
+            return model
+        recorded = done.get("fingerprint")
+        if recorded is None:
+            raise ValueError(f"{run_dir}: the warm start finished but its weights are gone, and its record has no "
+                             "fingerprint to check a retrained one against; delete the experiment's warm-start "
+                             "and arms folders to rerun")
+        log(f"[warm-start-seed{seed}] the recorded warm start's weights are not here: training it again "
+            "(it must match the record bit for bit)")
     log(f"[warm-start-seed{seed}] SFT warm start: {cfg.sft_warm_start_steps} steps on {cfg.sft_tasks} "
         f"demonstrations under the {cfg.design} design, shared by every arm of seed {seed}")
     started = time.time()
     trainer = Trainer(cfg, resume=True, log=lambda m: log(f"[warm-start-seed{seed}] {m}"))
     trainer.run()
+    fingerprint = weights_fingerprint(model)
+    if recorded is not None and fingerprint != recorded:
+        raise ValueError(f"{run_dir}: the warm start trained again differs from the recorded one (weights "
+                         f"{fingerprint[:12]} against {recorded[:12]}; another machine class or library version "
+                         "rounds differently), so the finished arms would not pair with new ones: run the file "
+                         "into a new folder")
     write_json_atomic(marker, {"seed": seed, "config": cfg.model_dump(), "warm_start": trainer.state.get("warm_start"),
-                           "wall_time_s": round(time.time() - started, 1)})
+                               "fingerprint": fingerprint, "wall_time_s": round(time.time() - started, 1)})
     del trainer
-    return warm_start_model(out, seed)
+    return model
+
+
+def write_record(out_dir: str | Path, dest: str | Path) -> Path:
+    """Copies the experiment folder ``out_dir`` to ``dest`` without what can be trained again
+    (checkpoints' model weights, optimizer state, the rollout copy's ``sync`` folder): every
+    marker, metric, trajectory, log and report stays, a few MB in all. Each finished warm start's
+    record gets its weights' fingerprint. Run into that copy (on another machine of the same
+    class, say), the experiment skips the finished arms, trains a new arm's warm start again
+    and checks it against the fingerprint (``shared_warm_start``), and compares old and new arms
+    on the same units."""
+    from harnessrl.rl.checkpoint import OPTIMIZER_FILE, weights_fingerprint
+
+    out, dest = Path(out_dir), Path(dest)
+    if not (out / "experiment.json").exists():
+        raise FileNotFoundError(f"{out}: not an experiment folder (no experiment.json)")
+    if dest.exists() and any(dest.iterdir()):
+        raise ValueError(f"{dest}: not empty; a record is written into a new folder")
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        skip = {name for name in names if name in (OPTIMIZER_FILE, "sync")}
+        return skip | ({"model"} & set(names) if Path(folder).parent.name == "checkpoints" else set())
+
+    shutil.copytree(out, dest, ignore=ignore, dirs_exist_ok=True)
+    for marker in sorted(dest.glob("warm-start/*/warm_start.json")):
+        done = json.loads(marker.read_text(encoding="utf-8"))
+        weights = out / marker.parent.relative_to(dest) / "checkpoints" / "step-000000" / "model"
+        if "fingerprint" not in done and weights.is_dir():  # a warm start recorded before fingerprints
+            write_json_atomic(marker, {**done, "fingerprint": weights_fingerprint(weights)})
+    return dest
 
 
 def run_experiment(

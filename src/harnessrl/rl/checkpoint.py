@@ -13,6 +13,7 @@ only writer) moves such a copy into place and removes what is incomplete or supe
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -201,6 +202,25 @@ def checkpoint_bytes(run_dir: str | Path) -> int | None:
     if not placed:
         return None
     return sum(f.stat().st_size for f in placed[-1][1].rglob("*") if f.is_file())
+
+
+def weights_fingerprint(model_dir: str | Path) -> str:
+    """Returns a SHA-256 over the tensors of a saved model's safetensors files (names, dtypes,
+    shapes and bytes, in name order): equal for the same weights however the files were written,
+    so two trainings can be checked for bit-identical results."""
+    from safetensors import safe_open
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no safetensors weights to fingerprint")
+    digest = hashlib.sha256()
+    for file in files:
+        with safe_open(str(file), framework="pt") as weights:
+            for name in sorted(weights.keys()):
+                tensor = weights.get_tensor(name)
+                digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+                digest.update(tensor.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def disk_full_error(run_dir: str | Path, exc: BaseException, model: Any = None) -> DiskFull:

@@ -30,7 +30,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-table", action="store_true", help="run the arms only; write no table or report (what each "
                    "--jobs worker runs)")
     p.add_argument("--record", default=None, metavar="DIR", help="copy the output folder to DIR without model "
-                   "weights and optimizer state (a few MB to keep: run into it later, on a machine of the same "
+                   "weights and optimizer state (MBs, not GBs: run into it later, on a machine of the same "
                    "class, to add arms; warm starts are trained again and checked bit for bit) and exit")
     p.set_defaults(func=run_experiment_cli)
 

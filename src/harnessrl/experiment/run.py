@@ -85,7 +85,7 @@ def shared_warm_start(spec: ExperimentSpec, seed: int, out: Path, log: Logger = 
 def write_record(out_dir: str | Path, dest: str | Path) -> Path:
     """Copies the experiment folder ``out_dir`` to ``dest`` without what can be trained again
     (checkpoints' model weights, optimizer state, the rollout copy's ``sync`` folder): every
-    marker, metric, trajectory, log and report stays, a few MB in all. Each finished warm start's
+    marker, metric, trajectory, log and report stays (3-20 MB per run). Each finished warm start's
     record gets its weights' fingerprint. Run into that copy (on another machine of the same
     class, say), the experiment skips the finished arms, trains a new arm's warm start again
     and checks it against the fingerprint (``shared_warm_start``), and compares old and new arms

@@ -13,30 +13,16 @@ pytest.importorskip("transformers", reason="transformers is installed by `make t
 
 
 def learning_experiment(tmp_path, model):
-    """A tiny file with a shared warm start, the SFT-only control and one RL arm."""
+    """test_experiment_report.py's tiny file with a shared warm start, the SFT-only control and one RL arm."""
+    from test_experiment_report import tiny_experiment
+
+    text = tiny_experiment(tmp_path, model).read_text().replace("  sft_warm_start_steps: 1\n", "")
+    text = text.replace("seeds: [5]", "warm_start: {design: orthogonal, sft_warm_start_steps: 1}\nseeds: [5]")
+    text = text.replace('eval: {configs: "held-out,codex-like", held_out: 2, tasks: 1}',
+                        'eval: {configs: "held-out", held_out: 2, tasks: 1}')
+    text = text.replace("  - {name: single, design: single, pairing: repeat, k: 2}\n", "  - {name: sft-only, control: sft-only}\n")
     path = tmp_path / "exp.yaml"
-    path.write_text(f"""
-name: tiny
-base:
-  preset: quick
-  model: {model}
-  steps: 1
-  tasks_per_step: 1
-  group_size: 2
-  max_turns: 1
-  max_new_tokens: 8
-  max_train_tasks: 4
-  sft_tasks: 1
-  learning_rate: 0.001
-  save_every: 1
-warm_start: {{design: orthogonal, sft_warm_start_steps: 1}}
-seeds: [5]
-reference: sft-only
-eval: {{configs: "held-out", held_out: 2, tasks: 1}}
-arms:
-  - {{name: sft-only, control: sft-only}}
-  - {{name: oa, design: orthogonal, pairing: neighbour, k: 2}}
-""")
+    path.write_text(text.replace("reference: single", "reference: sft-only"))
     return load_experiment(path)
 
 

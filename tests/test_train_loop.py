@@ -218,6 +218,31 @@ def test_an_update_runs_after_the_rollouts_prefix_cache_is_dropped(tiny_model, t
     assert cached_during_update == [0]
 
 
+def test_a_finished_run_releases_its_master_copy_and_optimizer_state_for_evaluation(tiny_model, tmp_path):
+    """An experiment evaluates a finished arm through its rollout policy only: release_training_state
+    frees the LoRA master copy, the KL reference and the optimizer's moments (nothing else holds
+    them), and the policy's greedy tokens stay what they were."""
+    import gc
+    import weakref
+
+    pytest.importorskip("peft", reason="peft is installed by `make test`")
+    from harnessrl.policy.base import GenerationRequest, SamplingParams
+
+    overrides = tiny_overrides(tiny_model, tmp_path / "lora", 1) | {"lora_rank": 4, "kl_coef": 0.05, "eval_base": False}
+    trainer = Trainer(load_config(preset="quick", overrides=overrides), log=lambda m: None)
+    actor = trainer.actor
+    ids, mask = list(range(10, 30)), [0] * 10 + [1] * 10
+    actor.update([UpdateSample(ids, mask, [-1.0] * 20, 1.0), UpdateSample(ids[::-1], mask, [-1.0] * 20, -1.0)], 0)
+    assert actor.optimizer.state and actor.model is not trainer.policy.model
+    master, reference = weakref.ref(actor.model), weakref.ref(actor.ref_model)
+    request = GenerationRequest(list(range(10, 60)), SamplingParams(temperature=0.0, max_new_tokens=6))
+    before = trainer.policy.generate([request])[0].token_ids
+    trainer.release_training_state()
+    gc.collect()
+    assert master() is None and reference() is None and not actor.optimizer.state
+    assert trainer.policy.generate([request])[0].token_ids == before
+
+
 def test_bf16_rollouts_keep_float32_master_weights_in_sync(tiny_model, tmp_path):
     """dtype=bfloat16: the optimizer owns float32 master weights, the policy samples from a
     bfloat16 copy, and every optimizer step copies the master into it."""

@@ -43,6 +43,7 @@ def shared_warm_start(spec: ExperimentSpec, seed: int, out: Path, log: Logger = 
     kept without checkpoints: docs/evaluation.md) is trained again and must come out bit for bit
     as recorded (``weights_fingerprint``), or the arms finished on it would not pair with the
     arms trained now; another machine class rounds differently, and that is an error."""
+    from harnessrl.memory import release_freed_memory
     from harnessrl.rl.checkpoint import weights_fingerprint
     from harnessrl.rl.loop import Trainer
 
@@ -79,6 +80,7 @@ def shared_warm_start(spec: ExperimentSpec, seed: int, out: Path, log: Logger = 
     write_json_atomic(marker, {"seed": seed, "config": cfg.model_dump(), "warm_start": trainer.state.get("warm_start"),
                                "fingerprint": fingerprint, "wall_time_s": round(time.time() - started, 1)})
     del trainer
+    release_freed_memory()  # the warm start's model copies and optimizer: its arms run in this process next
     return model
 
 
@@ -202,6 +204,7 @@ def _run_arm(spec: ExperimentSpec, arm: ArmSpec, seed: int, cfg: TrainConfig, ta
     run_id, run_dir = arm_id(arm, seed), Path(cfg.run_dir)
     trainer = Trainer(cfg, resume=True, log=lambda m: log(f"[{run_id}] {m}"))
     trainer.run()
+    trainer.release_training_state()  # the evaluation below reads the rollout policy only
     started = time.time()
     tasks = select_tasks(cfg.suite, cfg.eval_split, spec.eval.tasks, spec.eval.seed, cfg.tiers, cfg.families)
     result = evaluate(

@@ -194,6 +194,19 @@ class Actor:
         self.policy.clear_prefix_cache()
         release_freed_memory()
 
+    def release_training_state(self) -> None:
+        """Drops what only an update needs: the optimizer's moments, the KL reference, the value
+        head and, where the master weights are a model of their own (LoRA, another rollout
+        dtype, FSDP2), that model; the rollout policy stays. Call it when the run has no step,
+        checkpoint or save left and only its policy is used (an experiment's evaluation of a
+        finished arm: the control's master copy is 0.5 GB of float32 the evaluation never reads);
+        the actor cannot update or save after it."""
+        self.optimizer.state.clear()
+        self.ref_model = self.value_head = None
+        if self.model is not self.policy.local_model():
+            self.model = None
+        release_freed_memory()
+
     def save(self, run_dir: Path, step: int, state: dict[str, Any], main: bool) -> None:
         """Writes the checkpoint of ``step`` (one full checkpoint whatever the world size: every
         rank gathers a sharded model, rank 0 writes; it resumes on any)."""

@@ -124,6 +124,11 @@ class Trainer:
         """Stops the rollout source's servers (black-box agents); the policy stays usable."""
         self.source.close()
 
+    def release_training_state(self) -> None:
+        """Drops the optimizer state and any master copy of the weights (``Actor.release_training_state``)
+        once ``run`` is over and only ``policy`` is used; the trainer cannot step after it."""
+        self.actor.release_training_state()
+
     # -- evaluation -------------------------------------------------------------------------
     def evaluate(self, label: str) -> dict[str, Any]:
         """Returns Pass@1 per evaluation set (``rl.evaluation``; on rank 0 under torchrun); then

@@ -220,8 +220,8 @@ def test_an_update_runs_after_the_rollouts_prefix_cache_is_dropped(tiny_model, t
 
 def test_a_finished_run_releases_its_master_copy_and_optimizer_state_for_evaluation(tiny_model, tmp_path):
     """An experiment evaluates a finished arm through its rollout policy only: release_training_state
-    frees the LoRA master copy, the KL reference and the optimizer's moments (nothing else holds
-    them), and the policy's greedy tokens stay what they were."""
+    frees the LoRA master copy, the KL reference, the trained adapters and the optimizer's moments
+    (nothing else holds them), and the policy's greedy tokens stay what they were."""
     import gc
     import weakref
 
@@ -234,12 +234,15 @@ def test_a_finished_run_releases_its_master_copy_and_optimizer_state_for_evaluat
     ids, mask = list(range(10, 30)), [0] * 10 + [1] * 10
     actor.update([UpdateSample(ids, mask, [-1.0] * 20, 1.0), UpdateSample(ids[::-1], mask, [-1.0] * 20, -1.0)], 0)
     assert actor.optimizer.state and actor.model is not trainer.policy.model
-    master, reference = weakref.ref(actor.model), weakref.ref(actor.ref_model)
+    trained = next(p for p in actor.model.parameters() if p.requires_grad)
+    master, reference, adapter = weakref.ref(actor.model), weakref.ref(actor.ref_model), weakref.ref(trained)
+    moments = weakref.ref(actor.optimizer.state[trained]["exp_avg"])
+    del trained
     request = GenerationRequest(list(range(10, 60)), SamplingParams(temperature=0.0, max_new_tokens=6))
     before = trainer.policy.generate([request])[0].token_ids
     trainer.release_training_state()
     gc.collect()
-    assert master() is None and reference() is None and not actor.optimizer.state
+    assert master() is None and reference() is None and adapter() is None and moments() is None
     assert trainer.policy.generate([request])[0].token_ids == before
 
 

@@ -200,8 +200,9 @@ class Actor:
         dtype, FSDP2), that model; the rollout policy stays. Call it when the run has no step,
         checkpoint or save left and only its policy is used (an experiment's evaluation of a
         finished arm: the control's master copy is 0.5 GB of float32 the evaluation never reads);
-        the actor cannot update or save after it."""
-        self.optimizer.state.clear()
+        the actor cannot update or save after it (its optimizer and schedule are gone too: the
+        optimizer's parameter groups would keep the master weights alive)."""
+        self.optimizer = self.scheduler = None
         self.ref_model = self.value_head = None
         if self.model is not self.policy.local_model():
             self.model = None

@@ -261,7 +261,8 @@ def test_forced_sampling_forces_what_its_continuous_decoder_samples(policy: HFPo
 def test_a_sink_that_raises_answers_each_request_once(policy: HFPolicy) -> None:
     """A row that finished in the same step as the failure keeps its answer; the rest are errors."""
     def broken(ids):
-        raise OSError("client socket")
+        if ids:  # it lets the request in (asked with no ids) and fails on its first token
+            raise OSError("client socket")
 
     with policy.continuous() as decoder:
         decoder.add("short", request(20, 1, tokens=1))
@@ -271,3 +272,39 @@ def test_a_sink_that_raises_answers_each_request_once(policy: HFPolicy) -> None:
     assert answers[0][1].finish_reason == "length" and len(answers[0][1].token_ids) == 1
     assert answers[1][1].finish_reason == "error" and "OSError: client socket" in (answers[1][1].error or "")
 
+
+
+def test_a_waiting_request_its_sink_gave_up_is_answered_unrun_without_a_prefill(
+        policy: HFPolicy, monkeypatch) -> None:
+    """A request that waits for a row is asked (with no tokens) when one frees: False ends it with
+    no tokens and no prefill (a server's client that left meanwhile); a sink that raises there
+    answers only its own request, with an error; the others run as they would."""
+    prefills: list[int] = []
+    prefill_row = policy._prefill_row
+    monkeypatch.setattr(policy, "_prefill_row", lambda ids, columns: prefills.append(len(ids)) or prefill_row(ids, columns))
+    left = {"gone": False}
+    asked: list[tuple[int, ...]] = []
+
+    def leaving(ids):
+        asked.append(tuple(ids))
+        return False if left["gone"] else None
+
+    def broken(ids):
+        raise OSError("client socket")
+
+    with policy.continuous() as decoder:
+        for key in range(4):  # 4 rows: the next two wait
+            decoder.add(key, request(20 + key, key, tokens=3))
+        decoder.add("left", request(30, 9, tokens=5), leaving)
+        decoder.add("broken", request(31, 8, tokens=5), broken)
+        decoder.step()
+        assert (decoder.running, decoder.queued) == (4, 2) and asked == []
+        left["gone"] = True
+        got = run(decoder, {0: [(5, request(22, 5, tokens=2))]})
+        assert decoder.stats.dropped == 1
+    assert got["left"].finish_reason == "abort" and got["left"].token_ids == [] and asked == [()]
+    assert got["broken"].finish_reason == "error" and "OSError: client socket" in (got["broken"].error or "")
+    assert sorted(prefills) == [20, 21, 22, 22, 23]  # the four first rows and key 5, not the two that left
+    for key in (*range(4), 5):
+        assert got[key].finish_reason == "length"
+    assert got[5].token_ids == alone(policy, request(22, 5, tokens=2)).token_ids

@@ -219,3 +219,42 @@ def test_a_request_arriving_mid_answer_joins_the_running_batch(tiny_model):
         assert state["batches"] == 1 and state["requests"] == 2
         # the second finished first: it joined 6 tokens into the first's 60 and needed 8
         assert [len(batch[0].token_ids) for batch in policy.batches] == [8, 60]
+
+
+def test_requests_waiting_in_the_decoder_count_as_queued_and_one_whose_client_left_is_not_run(tiny_model):
+    """Continuous batching with every row taken: a request that joined the decoder waits there
+    for a row; ``queued_requests`` (``PolicyBatcher.queued``) counts it, and once its client
+    has gone it is answered unrun when the row frees, without a prefill."""
+    from harnessrl.serve.engine import PolicyBatcher
+
+    policy = HFPolicy(tiny_model, device="cpu", max_prefix_cache_tokens=0, max_batch_size=1)
+    prefills: list[int] = []
+    prefill_row = policy._prefill_row
+    policy._prefill_row = lambda ids, columns: prefills.append(len(ids)) or prefill_row(ids, columns)
+    batcher = PolicyBatcher(policy, continuous=True)
+    paused, go_on = threading.Semaphore(0), threading.Semaphore(0)
+
+    def first_tokens(ids) -> None:  # the running request pauses at each of its first two tokens
+        if first_tokens.heard < 2:
+            first_tokens.heard += 1
+            paused.release()
+            assert go_on.acquire(timeout=30)
+    first_tokens.heard = 0
+    gone = threading.Event()
+    try:
+        first = batcher.submit(GenerationRequest([5, 6, 7], SamplingParams(max_new_tokens=4)), first_tokens)
+        assert paused.acquire(timeout=30)  # its first token
+        second = batcher.submit(GenerationRequest([9, 8, 7, 6], SamplingParams(max_new_tokens=4)), None, gone.is_set)
+        assert batcher.queued == 1  # in the batcher's queue
+        go_on.release()
+        assert paused.acquire(timeout=30)  # its second token: the second request has joined the decoder
+        assert batcher.queued == 1  # now waiting in the decoder for the one row
+        gone.set()
+        go_on.release()
+        assert len(first.result(timeout=60).token_ids) == 4
+        answer = second.result(timeout=60)
+    finally:
+        batcher.close()
+        policy.close()
+    assert answer.finish_reason == "abort" and answer.token_ids == []
+    assert prefills == [3] and batcher.queued == 0 and batcher.aborted == 1

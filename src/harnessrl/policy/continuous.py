@@ -62,11 +62,13 @@ class _Row:
 
 @dataclass
 class DecoderStats:
-    """What a decoder did: decode steps run, rows summed over them, prompts admitted, layouts."""
+    """What a decoder did: decode steps run, rows summed over them, prompts admitted, requests
+    dropped unrun (their sink said no before their prefill), layouts."""
 
     steps: int = 0
     rows: int = 0
     admitted: int = 0
+    dropped: int = 0
     relayouts: int = 0
 
     @property
@@ -103,7 +105,9 @@ class StepDecoder:
         """Queues ``request``; the next ``step`` admits it when a row is free. ``on_tokens``
         hears each token the request samples (``[token]``) right after the step that sampled
         it; when it returns False the request ends there (finish reason ``abort``, as with
-        ``HFPolicy.generate_stream``'s sink)."""
+        ``HFPolicy.generate_stream``'s sink). It is also asked once with no tokens when a row
+        frees for the request: False then ends it unrun, before its prefill (a server's client
+        that left while the request waited for a row)."""
         if key in self._keys():
             raise ValueError(f"request key {key!r} is already queued or running")
         self._queue.append((key, request, on_tokens))
@@ -201,6 +205,8 @@ class StepDecoder:
             if not runnable:
                 finished.append((key, results[0]))  # type: ignore[arg-type]  # filled by triage
                 continue
+            if sink is not None and not self._still_wanted(key, sink, finished):
+                continue
             self._admitting = [key]  # answered with an error if the prefill raises
             prompt = list(request.prompt_ids)
             params = request.params
@@ -218,6 +224,20 @@ class StepDecoder:
             self._logits = logits if self._logits is None else torch.cat([self._logits, logits])
             self.stats.admitted += 1
         self._view_rows()
+
+    def _still_wanted(self, key: Hashable, sink: Callable[[Sequence[int]], bool | None],
+                      finished: list[tuple[Hashable, Generation]]) -> bool:
+        """Asks a request's sink, with no tokens, whether to admit it; a request given up while it
+        waited for a row (or whose sink raises) is answered now, unrun, and costs no prefill."""
+        try:
+            wanted = sink(()) is not False
+        except Exception as exc:  # one client's broken sink must not fail the others' batch
+            finished.append((key, Generation([], [], "error", error=f"generation failed: {type(exc).__name__}: {exc}")))
+            return False
+        if not wanted:
+            finished.append((key, Generation([], [], "abort")))
+            self.stats.dropped += 1
+        return wanted
 
     def _make_room(self, length: int, room: int) -> None:
         """Makes the slab hold one more row of ``length`` prompt tokens that may need ``room``

@@ -194,6 +194,7 @@ class PolicyBatcher:
         self.batches = 0  # how many generate calls ran (continuous: how many times a decoder opened)
         self.requests = 0  # how many requests they held
         self.aborted = 0  # how many of those ended early because their client was gone
+        self._decoder: Any = None  # continuous: the open decoder (its waiting requests count as queued)
 
     def submit(
         self, request: GenerationRequest, on_tokens: Callable[[Sequence[int]], None] | None = None,
@@ -215,8 +216,10 @@ class PolicyBatcher:
 
     @property
     def queued(self) -> int:
-        """How many requests wait for the next batch (skipped ones included until reached)."""
-        return self._queue.qsize()
+        """How many requests wait for the next batch (skipped ones included until reached);
+        continuous: also those in the open decoder waiting for a free row."""
+        decoder = self._decoder
+        return self._queue.qsize() + (decoder.queued if decoder is not None else 0)
 
     def close(self) -> None:
         """Stops the worker: the generation in progress ends at its next sampled token and
@@ -265,8 +268,12 @@ class PolicyBatcher:
                 return
             self.batches += 1
             with self.policy.continuous() as decoder:  # type: ignore[attr-defined]  # continuous
-                if self._decode(decoder, item, closing):
-                    return
+                self._decoder = decoder
+                try:
+                    if self._decode(decoder, item, closing):
+                        return
+                finally:
+                    self._decoder = None
 
     def _decode(self, decoder: Any, first: _Queued, closing: threading.Event) -> bool:
         """Runs ``decoder`` from request ``first`` until nothing is queued or running, or the
@@ -318,7 +325,7 @@ class PolicyBatcher:
         def sink(ids: Sequence[int]) -> bool | None:
             if gone is not None and gone():
                 return False
-            if on_tokens is not None:
+            if on_tokens is not None and ids:  # no ids: the decoder asks whether to admit it
                 on_tokens(ids)
             return None
         return sink

@@ -273,7 +273,6 @@ def test_a_sink_that_raises_answers_each_request_once(policy: HFPolicy) -> None:
     assert answers[1][1].finish_reason == "error" and "OSError: client socket" in (answers[1][1].error or "")
 
 
-
 def test_a_waiting_request_its_sink_gave_up_is_answered_unrun_without_a_prefill(
         policy: HFPolicy, monkeypatch) -> None:
     """A request that waits for a row is asked (with no tokens) when one frees: False ends it with

@@ -13,14 +13,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harnessrl.diskio import write_text_atomic
-from harnessrl.rl.config import TrainConfig, load_config
+from harnessrl.rl.config import DesignName, TrainConfig, load_config
 
 Logger = Callable[[str], None]
 ARM_FIELDS = ("design", "design_n", "base_harness", "pairing", "k",
               "rescue", "rescue_k", "siblings", "router", "router_per_family", "mixture_fraction",
               "profile_voters", "rollout_through", "objective", "sft_source")
 # Set by the experiment for every arm; a base config must not set them.
-MANAGED_FIELDS = ("run_dir", "seed", "eval_held_out", "eval_out_of_space", "eval_base", "eval_every")
+MANAGED_FIELDS = ("run_dir", "seed", "eval_held_out", "eval_out_of_space", "eval_base", "eval_every", "eval_design")
 MARKER = "arm_result.json"
 # What a shared warm start may set (the arms then all start from its checkpoint). ``lora_rank: 0``
 # there gives RL arms that train LoRA adapters (base ``lora_rank``) a fully fine-tuned warm start.
@@ -35,7 +35,7 @@ class ArmSpec(BaseModel):
 
     name: str = Field(description="arm name (a folder name: letters, digits, '-', '_', '.')")
     description: str = Field("", description="what this arm is, for the report")
-    design: Literal["orthogonal", "first-order", "random", "full", "single"] | None = Field(None, description="training design")
+    design: DesignName | None = Field(None, description="training design")
     design_n: int | None = Field(None, ge=1, description="size of a random design (paper: 18)")
     base_harness: str | None = Field(None, description="H0 for single / first-order designs")
     pairing: Literal["neighbour", "repeat", "random"] | None = Field(None, description="pairing strategy")
@@ -65,7 +65,7 @@ class EvalSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     configs: str = Field("held-out,out-of-space", description="evaluation set (see resolve_eval_set)")
-    design: Literal["orthogonal", "first-order", "random", "full", "single"] = Field(
+    design: DesignName = Field(
         "orthogonal", description="the design held-out configurations are drawn against (the paper's OA(18))")
     held_out: int = Field(18, ge=0, description="held-out in-space configurations (paper: 18)")
     tasks: int = Field(16, ge=1, description="test tasks per harness")
@@ -188,7 +188,10 @@ def arm_config(spec: ExperimentSpec, arm: ArmSpec, seed: int, out_dir: Path, sou
     if arm.control == "sft-only":
         overrides["steps"] = 0
     try:
-        return load_config(None, preset or "quick", overrides)
+        cfg = load_config(None, preset or "quick", overrides)
+        if cfg.eval_every and cfg.design != spec.eval.design:  # its curve on the other arms' configurations
+            cfg = load_config(None, preset or "quick", {**overrides, "eval_design": spec.eval.design})
+        return cfg
     except ValueError as exc:
         # load_config names its source "overrides": say which fields of the file they are
         where = "base" if set(_bad_fields(str(exc))) <= set(base) | {"preset"} else "arm"

@@ -26,6 +26,8 @@ from harnessrl.sandbox import BACKENDS
 
 # The names `policy/hf.py` resolves (importing it here would import torch with the config).
 DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+# The design kinds `harnessrl.design.make_design` builds (its DESIGN_KINDS; a test checks they agree).
+DesignName = Literal["orthogonal", "first-order", "random", "full", "single"]
 
 
 class TrainConfig(BaseModel):
@@ -58,9 +60,7 @@ class TrainConfig(BaseModel):
     tiers: list[int] = Field(default_factory=lambda: [1, 2, 3, 4], description="task difficulty tiers used")
     families: list[str] | None = Field(None, description="task families used (None = all)")
     max_train_tasks: int | None = Field(None, ge=1, description="cap on the number of training tasks")
-    design: Literal["orthogonal", "first-order", "random", "full", "single"] = Field(
-        "orthogonal", description="training design (paper: orthogonal = OA(18, 3^5))"
-    )
+    design: DesignName = Field("orthogonal", description="training design (paper: orthogonal = OA(18, 3^5))")
     design_n: int | None = Field(None, description="size of a random design")
     base_harness: str | None = Field(None, description="H0 for single/first-order (default: first OA row)")
     pairing: Literal["neighbour", "repeat", "random"] = Field("neighbour", description="task-harness pairing strategy")
@@ -271,6 +271,10 @@ class TrainConfig(BaseModel):
     eval_every: int = Field(0, ge=0, description="evaluate every N steps (0 = only before and after)")
     eval_tasks: int = Field(16, ge=1, description="test tasks per evaluated harness")
     eval_held_out: int = Field(18, ge=0, description="held-out in-space configurations evaluated")
+    eval_design: DesignName | None = Field(
+        None, description="the design whose complement the held-out configurations are drawn from (None = the "
+        "training design); an experiment sets its eval.design here for arms trained on another design, so "
+        "that every arm's learning curve is on the same configurations")
     eval_out_of_space: bool = Field(True, description="also evaluate the out-of-space harnesses")
     eval_temperature: float = Field(0.0, ge=0.0, description="sampling temperature of evaluation (0 = greedy)")
     eval_base: bool = Field(True, description="evaluate the untrained model first, for the summary")

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from harnessrl.design import make_design
+from harnessrl.design import Design, HeldOut, make_design
 from harnessrl.diskio import append_text, is_disk_full, write_text_atomic
 from harnessrl.harness.harness import HarnessLimits
 from harnessrl.harness.registry import default_space
@@ -87,7 +87,7 @@ class Trainer:
 
         space = default_space()
         self.design = make_design(space, cfg.design, n=cfg.design_n, seed=cfg.seed, base=cfg.base_harness)
-        self.held_out = self.design.held_out(cfg.eval_held_out, seed=cfg.seed)
+        self.held_out = held_out_configs(cfg, self.design)
         context = min(cfg.context_tokens, getattr(self.policy, "context_length", None) or cfg.context_tokens)  # a server's
         self.limits = HarnessLimits(max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, context_tokens=context,
                                     fixed_wall_time=cfg.deterministic)
@@ -299,6 +299,15 @@ class Trainer:
         return run_summary(self.state, run_dir=str(self.run_dir), steps=self.cfg.steps, design=self.design.kind,
                            algorithm=self.cfg.algorithm, train_configs=self.design.codes, precision=self.actor.precision,
                            held_out=[c.code for c in self.held_out.configs], eval_tasks=[t.id for t in self.eval_tasks])
+
+
+def held_out_configs(cfg: TrainConfig, design: Design) -> HeldOut:
+    """Returns the held-out configurations a run evaluates (its learning curve's, in an experiment):
+    ``eval_held_out`` drawn from the complement of the training ``design``, or of ``eval_design``
+    where that names another, so that arms trained on different designs share them."""
+    if cfg.eval_design not in (None, cfg.design):
+        design = make_design(default_space(), cfg.eval_design, seed=cfg.seed)
+    return design.held_out(cfg.eval_held_out, seed=cfg.seed)
 
 
 def train(cfg: TrainConfig, resume: bool = False, log: Logger = print) -> dict[str, Any]:

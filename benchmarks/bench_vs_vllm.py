@@ -6,7 +6,10 @@ a 4 GiB KV cache (16 episodes of the trainer workload fit without preemption) an
 threads bound to ``--threads`` cores, and prints its start-up time apart. Then each workload runs through
 ``RolloutEngine`` ``--repeats`` times per side, interleaved (vLLM, HFPolicy, vLLM, HFPolicy):
 ``OpenAIPolicy`` against the server and ``HFPolicy`` in this process at ``--threads`` torch
-threads, greedy, float32 on both sides. Workloads:
+threads, greedy, float32 on both sides. Every pass starts with an empty prefix cache on both
+sides (vLLM's through ``POST /reset_prefix_cache``, as the trainer's weight sync resets it): a
+server that kept the last pass's KV would serve a repeated greedy pass's prompts from its cache.
+Workloads:
 
 * ``rollout``: the rollout benchmark's 16 episodes (``bench_rollout.CONFIGS`` x 4 workspace test
   tasks, 2 turns of at most 48 tokens), 16 in flight;
@@ -44,7 +47,7 @@ from harnessrl.harness import Harness, HarnessLimits
 from harnessrl.policy.base import Policy, SamplingParams
 from harnessrl.policy.embedded import embedded_model_dir
 from harnessrl.policy.hf import HFPolicy
-from harnessrl.policy.openai import OpenAIPolicy
+from harnessrl.policy.served import ServedTrainingPolicy
 from harnessrl.policy.vllm_cpu import running_vllm_server
 from harnessrl.rollout.engine import RolloutEngine, RolloutJob
 from harnessrl.tasks.suite import load_suite
@@ -113,7 +116,8 @@ def main() -> None:
                                 max_model_len=8192, threads=args.threads, kv_cache_gib=4) as server:
         print(f"vLLM server up in {server.startup_s:.1f} s ({args.threads} OpenMP threads bound); "
               f"HFPolicy at {torch.get_num_threads()} torch threads; float32 both sides")
-        vllm = OpenAIPolicy(server.model, server.base_url, context_length="server")
+        # Over OpenAIPolicy, with POST /reset_prefix_cache: each pass starts cold on both sides.
+        vllm = ServedTrainingPolicy(server.base_url, server.model)
         me = os.getpid()
         ratio = None
         for name in workloads:
@@ -128,7 +132,7 @@ def main() -> None:
                     trajectories, wall, cpu, generated = run_side(policy, jobs, sampling, lambda: process_tree_cpu_s(me))
                     if side == "HFPolicy":  # the idle server's polling is not HFPolicy's
                         cpu -= process_tree_cpu_s(server.process.pid) - server_cpu
-                    hf.clear_prefix_cache()
+                    policy.clear_prefix_cache()  # the next pass starts cold, as after a weight sync
                     memory.release_freed_memory()  # as the trainer after an evaluation
                     walls[side].append(wall)
                     cpus[side].append(cpu)

@@ -44,3 +44,13 @@ def test_an_arm_on_the_evaluated_design_keeps_its_recorded_config(tmp_path):
 
 def test_the_config_names_the_designs_the_design_module_builds():
     assert get_args(DesignName) == DESIGN_KINDS
+
+
+def test_an_eval_design_with_an_h0_is_not_passed_to_arms_trained_otherwise(tmp_path):
+    # harness_s_cpu.yaml evaluates under a single design (H0); its orthogonal arm cannot draw from
+    # that design's complement without knowing H0, which the eval section does not name
+    spec = load_experiment(CONFIGS / "harness_s_cpu.yaml")
+    arms = {a.name: a for a in spec.arms}
+    assert spec.eval.design == "single" and spec.eval.curve_every
+    assert arm_config(spec, arms["scaling-rescue"], 0, tmp_path).eval_design is None
+    assert arm_config(spec, arms["grpo"], 0, tmp_path).eval_design is None  # trained on eval.design itself

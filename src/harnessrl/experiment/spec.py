@@ -22,6 +22,11 @@ ARM_FIELDS = ("design", "design_n", "base_harness", "pairing", "k",
 # Set by the experiment for every arm; a base config must not set them.
 MANAGED_FIELDS = ("run_dir", "seed", "eval_held_out", "eval_out_of_space", "eval_base", "eval_every", "eval_design")
 MARKER = "arm_result.json"
+# eval.design kinds whose complement an arm trained on another design can draw its curve from: a
+# single or first-order design's complement depends on its H0, which EvalSpec does not name, so an
+# arm trained otherwise keeps drawing from its own design's complement there (harness_s_cpu.yaml's
+# scaling-rescue arm: its curve is on other configurations than the H0 arms').
+CURVE_DESIGNS = ("orthogonal", "random", "full")
 # What a shared warm start may set (the arms then all start from its checkpoint). ``lora_rank: 0``
 # there gives RL arms that train LoRA adapters (base ``lora_rank``) a fully fine-tuned warm start.
 WARM_START_FIELDS = ("design", "design_n", "base_harness", "sft_warm_start_steps", "sft_tasks", "sft_learning_rate",
@@ -189,7 +194,8 @@ def arm_config(spec: ExperimentSpec, arm: ArmSpec, seed: int, out_dir: Path, sou
         overrides["steps"] = 0
     try:
         cfg = load_config(None, preset or "quick", overrides)
-        if cfg.eval_every and cfg.design != spec.eval.design:  # its curve on the other arms' configurations
+        if cfg.eval_every and cfg.design != spec.eval.design and spec.eval.design in CURVE_DESIGNS:
+            # its curve on the configurations the arms trained on eval.design draw
             cfg = load_config(None, preset or "quick", {**overrides, "eval_design": spec.eval.design})
         return cfg
     except ValueError as exc:

@@ -306,7 +306,7 @@ def held_out_configs(cfg: TrainConfig, design: Design) -> HeldOut:
     ``eval_held_out`` drawn from the complement of the training ``design``, or of ``eval_design``
     where that names another, so that arms trained on different designs share them."""
     if cfg.eval_design not in (None, cfg.design):
-        design = make_design(default_space(), cfg.eval_design, seed=cfg.seed)
+        design = make_design(default_space(), cfg.eval_design, n=cfg.design_n, seed=cfg.seed, base=cfg.base_harness)
     return design.held_out(cfg.eval_held_out, seed=cfg.seed)
 
 

@@ -4,9 +4,11 @@ configurations at every point, whatever design it trains on, so that the curves 
 from pathlib import Path
 from typing import get_args
 
+import pytest
+
 from harnessrl.design import DESIGN_KINDS, make_design
 from harnessrl.experiment import load_experiment
-from harnessrl.experiment.spec import arm_config
+from harnessrl.experiment.spec import EvalSpec, arm_config, eval_changed
 from harnessrl.harness.registry import default_space
 from harnessrl.rl.config import DesignName
 from harnessrl.rl.loop import held_out_configs
@@ -46,11 +48,58 @@ def test_the_config_names_the_designs_the_design_module_builds():
     assert get_args(DesignName) == DESIGN_KINDS
 
 
-def test_an_eval_design_with_an_h0_is_not_passed_to_arms_trained_otherwise(tmp_path):
-    # harness_s_cpu.yaml evaluates under a single design (H0); its orthogonal arm cannot draw from
-    # that design's complement without knowing H0, which the eval section does not name
+def test_an_eval_design_around_h0_puts_every_arms_curve_around_it(tmp_path):
+    # harness_s_cpu.yaml evaluates under a single design around H0 (eval.base_harness): its
+    # orthogonal arm draws its curve there too, not from the complement of OA(18)
     spec = load_experiment(CONFIGS / "harness_s_cpu.yaml")
     arms = {a.name: a for a in spec.arms}
-    assert spec.eval.design == "single" and spec.eval.curve_every
-    assert arm_config(spec, arms["scaling-rescue"], 0, tmp_path).eval_design is None
-    assert arm_config(spec, arms["grpo"], 0, tmp_path).eval_design is None  # trained on eval.design itself
+    assert spec.eval.design == "single" and spec.eval.curve_every and spec.eval.base_harness
+    for seed in spec.seeds:
+        configs = {name: curve_configs(arm_config(spec, arm, seed, tmp_path))
+                   for name, arm in arms.items() if arm.control is None}
+        assert len(configs["grpo"]) == spec.eval.curve_held_out
+        assert all(codes == configs["grpo"] for codes in configs.values()), configs
+        assert spec.eval.base_harness not in configs["grpo"]  # the complement of {H0}
+    rescue = arm_config(spec, arms["scaling-rescue"], 0, tmp_path)
+    assert (rescue.eval_design, rescue.eval_base_harness) == ("single", spec.eval.base_harness)
+    assert rescue.design == "orthogonal" and rescue.base_harness is None  # its training is untouched
+    grpo = arm_config(spec, arms["grpo"], 0, tmp_path)  # trained on eval.design around its H0 itself
+    assert (grpo.eval_design, grpo.eval_base_harness) == (None, None)
+
+
+def test_without_its_h0_an_eval_design_that_needs_one_is_not_passed_on(tmp_path):
+    # the same file with no eval.base_harness: each arm draws its curve from its own design's
+    # complement, as before the field existed (and so a run finished then is still the same run)
+    text = (CONFIGS / "harness_s_cpu.yaml").read_text()
+    line = next(line for line in text.splitlines() if line.strip().startswith("base_harness: S0-T2-O2-C1-W1  #"))
+    path = tmp_path / "h0-less.yaml"
+    path.write_text(text.replace(line + "\n", ""))
+    spec = load_experiment(path)
+    assert spec.eval.base_harness is None
+    arms = {a.name: a for a in spec.arms}
+    rescue = arm_config(spec, arms["scaling-rescue"], 0, tmp_path)
+    assert (rescue.eval_design, rescue.eval_base_harness) == (None, None)
+    assert curve_configs(rescue) != curve_configs(arm_config(spec, arms["grpo"], 0, tmp_path))
+
+
+def test_a_base_harness_for_an_eval_design_without_h0_is_refused(tmp_path):
+    text = (CONFIGS / "cpu_ablation.yaml").read_text()
+    assert "\neval:\n" in text
+    path = tmp_path / "bad.yaml"
+    path.write_text(text.replace("\neval:\n", "\neval:\n  base_harness: S0-T2-O2-C1-W1\n", 1))
+    with pytest.raises(ValueError, match=r"field eval.base_harness: an orthogonal design has no H0"):
+        load_experiment(path)
+    text = (CONFIGS / "harness_s_cpu.yaml").read_text().replace("base_harness: S0-T2-O2-C1-W1  #", "base_harness: S9-T2  #")
+    path.write_text(text)
+    with pytest.raises(ValueError, match=r"field eval.base_harness: "):
+        load_experiment(path)
+
+
+def test_a_run_recorded_before_an_eval_field_existed_has_the_same_eval():
+    spec = load_experiment(CONFIGS / "harness_s_cpu.yaml")
+    recorded = spec.eval.model_dump()
+    assert not eval_changed(recorded, spec.eval)
+    older = {name: value for name, value in EvalSpec().model_dump().items() if name != "base_harness"}
+    assert not eval_changed(older, EvalSpec())  # recorded before the field: its default
+    assert eval_changed(older, spec.eval)  # but this file names an H0 that the record did not have
+    assert eval_changed({**recorded, "k": 1}, spec.eval)

@@ -25,6 +25,7 @@ from harnessrl.experiment.spec import (
     arm_id,
     budget,
     changed_fields,
+    eval_changed,
     warm_start_config,
     warm_start_model,
     write_json_atomic,
@@ -138,7 +139,7 @@ def run_experiment(
         budgets = {json.dumps(budget(configs[arm_id(arm, seed)]), sort_keys=True) for arm in trained}
         if len(budgets) != 1:
             raise ValueError(f"arms of {spec.name} do not share one budget (seed {seed}): {sorted(budgets)}")
-    eval_design = make_design(default_space(), spec.eval.design, seed=spec.eval.seed)
+    eval_design = make_design(default_space(), spec.eval.design, seed=spec.eval.seed, base=spec.eval.base_harness)
     targets = resolve_eval_set(spec.eval.configs, eval_design, held_out=spec.eval.held_out, seed=spec.eval.seed)
     warm = warm_start_config(spec, spec.seeds[0], out) if spec.warm_start is not None else None
     write_json_atomic(out / "experiment.json", {
@@ -179,7 +180,7 @@ def _finished_earlier(cfg: TrainConfig, spec: ExperimentSpec, run_id: str, sourc
         return False
     done = json.loads(marker.read_text(encoding="utf-8"))
     changed = changed_fields(done.get("config", {}), cfg)
-    if done.get("eval") != spec.eval.model_dump():
+    if eval_changed(done.get("eval"), spec.eval):
         changed.append("eval")
     if changed:
         raise ValueError(

@@ -20,13 +20,12 @@ ARM_FIELDS = ("design", "design_n", "base_harness", "pairing", "k",
               "rescue", "rescue_k", "siblings", "router", "router_per_family", "mixture_fraction",
               "profile_voters", "rollout_through", "objective", "sft_source")
 # Set by the experiment for every arm; a base config must not set them.
-MANAGED_FIELDS = ("run_dir", "seed", "eval_held_out", "eval_out_of_space", "eval_base", "eval_every", "eval_design")
+MANAGED_FIELDS = ("run_dir", "seed", "eval_held_out", "eval_out_of_space", "eval_base", "eval_every", "eval_design",
+                  "eval_base_harness")
 MARKER = "arm_result.json"
-# eval.design kinds whose complement an arm trained on another design can draw its curve from: a
-# single or first-order design's complement depends on its H0, which EvalSpec does not name, so an
-# arm trained otherwise keeps drawing from its own design's complement there (harness_s_cpu.yaml's
-# scaling-rescue arm: its curve is on other configurations than the H0 arms').
-CURVE_DESIGNS = ("orthogonal", "random", "full")
+# eval.design kinds whose complement does not depend on an H0: an arm trained otherwise draws its
+# curve from it as is; a single or first-order eval design needs eval.base_harness for that.
+H0_FREE_DESIGNS = ("orthogonal", "random", "full")
 # What a shared warm start may set (the arms then all start from its checkpoint). ``lora_rank: 0``
 # there gives RL arms that train LoRA adapters (base ``lora_rank``) a fully fine-tuned warm start.
 WARM_START_FIELDS = ("design", "design_n", "base_harness", "sft_warm_start_steps", "sft_tasks", "sft_learning_rate",
@@ -72,6 +71,9 @@ class EvalSpec(BaseModel):
     configs: str = Field("held-out,out-of-space", description="evaluation set (see resolve_eval_set)")
     design: DesignName = Field(
         "orthogonal", description="the design held-out configurations are drawn against (the paper's OA(18))")
+    base_harness: str | None = Field(
+        None, description="H0 of a single or first-order design: held-out configurations and every arm's "
+        "learning curve are drawn around it (None: the space's default H0, and each arm's curve around its own)")
     held_out: int = Field(18, ge=0, description="held-out in-space configurations (paper: 18)")
     tasks: int = Field(16, ge=1, description="test tasks per harness")
     k: int = Field(1, ge=1, description="runs per task")
@@ -158,6 +160,14 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
     from harnessrl.design import make_design
     from harnessrl.harness.registry import default_space
 
+    if spec.eval.base_harness is not None:
+        if spec.eval.design in H0_FREE_DESIGNS:
+            raise ValueError(f"{path}: field eval.base_harness: an {spec.eval.design} design has no H0; it applies "
+                             "to a single or first-order eval.design only")
+        try:
+            default_space().parse(spec.eval.base_harness)
+        except ValueError as exc:
+            raise ValueError(f"{path}: field eval.base_harness: {exc}") from None
     for arm in spec.arms:  # every arm must build a valid training config and schedule
         cfg = arm_config(spec, arm, spec.seeds[0], Path("/nonexistent"), source=str(path))
         try:
@@ -194,9 +204,9 @@ def arm_config(spec: ExperimentSpec, arm: ArmSpec, seed: int, out_dir: Path, sou
         overrides["steps"] = 0
     try:
         cfg = load_config(None, preset or "quick", overrides)
-        if cfg.eval_every and cfg.design != spec.eval.design and spec.eval.design in CURVE_DESIGNS:
-            # its curve on the configurations the arms trained on eval.design draw
-            cfg = load_config(None, preset or "quick", {**overrides, "eval_design": spec.eval.design})
+        curve = _curve_design(spec, cfg)
+        if curve:  # its curve on the configurations the arms trained on eval.design draw
+            cfg = load_config(None, preset or "quick", {**overrides, **curve})
         return cfg
     except ValueError as exc:
         # load_config names its source "overrides": say which fields of the file they are
@@ -205,6 +215,29 @@ def arm_config(spec: ExperimentSpec, arm: ArmSpec, seed: int, out_dir: Path, sou
         if where == "base":
             text = text.replace("  field ", "  field base.")
         raise ValueError(f"{source}: arm {arm.name!r}: {text}") from None
+
+
+def _curve_design(spec: ExperimentSpec, cfg: TrainConfig) -> dict[str, Any]:
+    """Returns the ``eval_design`` (and ``eval_base_harness``) that puts an arm's learning curve on
+    the configurations drawn from eval.design's complement, as every arm's: none where the arm's
+    own design (and H0) already gives them, or where eval.design needs an H0 the eval section does
+    not name (then each arm's curve stays on its own design's complement)."""
+    from harnessrl.design import make_design
+    from harnessrl.harness.registry import default_space
+
+    evaluated = spec.eval
+    if not cfg.eval_every:
+        return {}
+    if evaluated.design in H0_FREE_DESIGNS:
+        return {} if cfg.design == evaluated.design else {"eval_design": evaluated.design}
+    if evaluated.base_harness is None:
+        return {}
+    space = default_space()
+    h0 = space.parse(evaluated.base_harness)
+    own = make_design(space, cfg.design, n=cfg.design_n, seed=cfg.seed, base=cfg.base_harness)
+    if cfg.design == evaluated.design and own.params.get("base") == h0.code:
+        return {}
+    return {"eval_design": evaluated.design, "eval_base_harness": h0.code}
 
 
 RL_STEP_FIELDS = (
@@ -225,6 +258,12 @@ SAME_NUMBERS_FIELDS = ("activation_checkpointing",)
 """TrainConfig fields that change how a run computes, not what: with or without them a run gives
 the same metrics and weights bit for bit (tests/test_activation_checkpointing.py,
 test_trainer_recorded.py), so a finished run is reused whatever they are."""
+
+
+def eval_changed(recorded: dict[str, Any] | None, evaluation: EvalSpec) -> bool:
+    """Returns whether a finished run's recorded eval section differs from ``evaluation``; a field
+    the record lacks was added since, and counts as its default there (as in ``changed_fields``)."""
+    return {**EvalSpec().model_dump(), **(recorded or {})} != evaluation.model_dump()
 
 
 def changed_fields(recorded: dict[str, Any], cfg: TrainConfig) -> list[str]:

@@ -274,8 +274,11 @@ class TrainConfig(BaseModel):
     eval_design: DesignName | None = Field(
         None, description="the design whose complement the held-out configurations are drawn from (None = the "
         "training design; its design_n, seed and base_harness as H0 apply); an experiment sets its eval.design "
-        "(orthogonal, random or full) here for arms trained on another design, so that every arm's learning "
+        "here for arms trained on another design, so that every arm's learning "
         "curve is on the same configurations")
+    eval_base_harness: str | None = Field(
+        None, description="H0 of eval_design when that is single or first-order (None = base_harness); an "
+        "experiment sets its eval.base_harness here for arms trained around another H0 or on another design")
     eval_out_of_space: bool = Field(True, description="also evaluate the out-of-space harnesses")
     eval_temperature: float = Field(0.0, ge=0.0, description="sampling temperature of evaluation (0 = greedy)")
     eval_base: bool = Field(True, description="evaluate the untrained model first, for the summary")

@@ -304,9 +304,12 @@ class Trainer:
 def held_out_configs(cfg: TrainConfig, design: Design) -> HeldOut:
     """Returns the held-out configurations a run evaluates (its learning curve's, in an experiment):
     ``eval_held_out`` drawn from the complement of the training ``design``, or of ``eval_design``
-    where that names another, so that arms trained on different designs share them."""
-    if cfg.eval_design not in (None, cfg.design):
-        design = make_design(default_space(), cfg.eval_design, n=cfg.design_n, seed=cfg.seed, base=cfg.base_harness)
+    (around ``eval_base_harness`` as H0) where those name another, so that arms trained on
+    different designs share them."""
+    kind = cfg.eval_design or cfg.design
+    base = cfg.eval_base_harness or cfg.base_harness
+    if (kind, base) != (cfg.design, cfg.base_harness):
+        design = make_design(default_space(), kind, n=cfg.design_n, seed=cfg.seed, base=base)
     return design.held_out(cfg.eval_held_out, seed=cfg.seed)
 
 

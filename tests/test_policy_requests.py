@@ -79,19 +79,9 @@ def _hf_policy(model: Path) -> Iterator[Policy]:
     policy.close()
 
 
-def _vllm_policy(model: Path) -> Iterator[Policy]:
-    pytest.importorskip("vllm", reason="vLLM is not a dependency of harnessrl")
-    from harnessrl.policy.vllm_cpu import VLLMPolicy
-
-    policy = VLLMPolicy(model, max_model_len=512, enforce_eager=True)
-    yield policy
-    policy.close()
-
-
 BACKENDS: dict[str, Callable[[Path], Iterator[Policy]]] = {
     "openai": lambda model: _openai_policy(),
     "hf": _hf_policy,
-    "vllm": _vllm_policy,
 }
 
 
@@ -112,3 +102,60 @@ def test_every_backend_rejects_the_same_requests_with_the_same_errors(backend: P
         assert generation.error == request_problem(request) and word in generation.error
     assert (results[-1].token_ids, results[-1].logprobs, results[-1].finish_reason) == ([], [], "length")
     assert results[-1].error is None
+
+
+# Runs in the vLLM environment (vLLM pins its own transformers, so it is not a harnessrl
+# dependency): VLLMPolicy puts ``vllm.LLM`` in the calling process, harnessrl comes from src/.
+VLLM_POLICY_SCRIPT = """
+import json, sys
+from harnessrl.policy.base import GenerationRequest, SamplingParams
+from harnessrl.policy.vllm_cpu import VLLMPolicy
+
+def main():
+    requests = [GenerationRequest(r["prompt_ids"], SamplingParams(**r["params"])) for r in json.loads(sys.argv[2])]
+    policy = VLLMPolicy(sys.argv[1], max_model_len=512, enforce_eager=True)
+    try:
+        results = policy.generate(requests)
+    finally:
+        policy.close()
+    print(json.dumps([[g.token_ids, g.logprobs, g.finish_reason, g.error] for g in results]))
+
+if __name__ == "__main__":  # vLLM's engine starts in spawned processes that import this file
+    main()
+"""
+
+
+def test_the_in_process_vllm_policy_rejects_the_same_requests_with_the_same_errors(tmp_path_factory) -> None:
+    """``VLLMPolicy`` (the ``vllm:`` policy spec) through the same requests as the other backends,
+    run by the vLLM environment's interpreter on a tiny model (vLLM's CPU attention needs a head
+    size that is a multiple of 32)."""
+    import dataclasses
+    import json
+    import os
+    import subprocess
+
+    from conftest import save_tiny_model
+    from vllm_server import REPO, vllm_python_or_skip
+
+    python = vllm_python_or_skip()
+    model = save_tiny_model(tmp_path_factory, "tiny-vllm", hidden_size=64, head_dim=32)
+    invalid = invalid_requests()
+    good = GenerationRequest(PROMPT, SamplingParams(temperature=0.0, max_new_tokens=2))
+    zero = GenerationRequest(PROMPT, SamplingParams(max_new_tokens=0))
+    requests = [good, *(request for request, _ in invalid), zero]
+    script = model.parent / "vllm_policy.py"
+    script.write_text(VLLM_POLICY_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    done = subprocess.run(
+        [str(python), str(script), str(model),
+         json.dumps([{"prompt_ids": r.prompt_ids, "params": dataclasses.asdict(r.params)} for r in requests])],
+        capture_output=True, text=True, env=env, cwd=model.parent, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    tokens, _, reason, error = results[0]
+    assert reason in ("stop", "length") and 1 <= len(tokens) <= 2 and error is None
+    for (request, word), (tokens, logprobs, reason, error) in zip(invalid, results[1:-1], strict=True):
+        assert (tokens, logprobs, reason) == ([], [], "error")
+        assert error == request_problem(request) and word in error
+    assert results[-1] == [[], [], "length", None]

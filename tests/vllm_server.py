@@ -44,6 +44,18 @@ def vllm_python() -> Path | None:
     return python if probe.returncode == 0 else None
 
 
+def vllm_python_or_skip() -> Path:
+    """Returns the vLLM environment's interpreter; without one the test fails in CI (or with
+    HARNESSRL_REQUIRE_VLLM=1) and is skipped elsewhere."""
+    python = vllm_python()
+    if python is None:
+        message = "no vLLM environment: run `make vllm-env` (or set HARNESSRL_VLLM_PYTHON)"
+        if REQUIRE_VLLM:
+            pytest.fail(message)
+        pytest.skip(message)
+    return python
+
+
 @contextlib.contextmanager
 def started_vllm_server(workdir: Path):
     """Starts the server on a copy of the embedded folder under ``workdir``
@@ -57,12 +69,7 @@ def started_vllm_server(workdir: Path):
         listing = server_models(VLLMServer(base + "/v1", "embedded", workdir, workdir))
         yield VLLMServer(base + "/v1", "embedded", Path(listing["data"][0]["root"]), workdir / "none.log")
         return
-    python = vllm_python()
-    if python is None:
-        message = "no vLLM environment: run `make vllm-env` (or set HARNESSRL_VLLM_PYTHON)"
-        if REQUIRE_VLLM:
-            pytest.fail(message)
-        pytest.skip(message)
+    python = vllm_python_or_skip()
     model_dir = workdir / "served-model"
     shutil.copytree(embedded_model_dir(), model_dir)
     with contextlib.ExitStack() as stack:

@@ -33,6 +33,7 @@ import torch
 
 from harnessrl.policy.base import Generation, GenerationRequest, SamplingParams, triage_requests
 from harnessrl.policy.cascade import row_groups
+from harnessrl.policy.decode_kernel import decode_arguments
 from harnessrl.policy.kv_slab import KVSlab
 
 SLACK = 256
@@ -323,7 +324,10 @@ class StepDecoder:
         columns = torch.arange(self._fill + 1, device=device)
         attention_mask = (columns[None, :] >= (self._fill - lengths)[:, None]).long()
         extra: dict[str, Any] = {policy._cache_argument: self._cache}
-        if policy._grouped_attention and len(groups := row_groups([row.length + 1 for row in self._rows])) > 1:
+        filled = [row.length + 1 for row in self._rows]
+        if policy._decode_kernel is not None:
+            extra.update(decode_arguments(policy._decode_kernel, filled))
+        elif policy._grouped_attention and len(groups := row_groups(filled)) > 1:
             extra["harnessrl_row_groups"] = groups
         outputs = policy.model(
             input_ids=torch.tensor(tokens, device=device)[:, None],

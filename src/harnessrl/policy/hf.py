@@ -101,6 +101,7 @@ from harnessrl.policy.cascade import (
     row_groups,
 )
 from harnessrl.policy.continuous import StepDecoder, open_decoder
+from harnessrl.policy.decode_kernel import decode_arguments, kernel_fits, select_kernel
 from harnessrl.policy.device import resolve_device, resolve_dtype
 from harnessrl.policy.embedded import resolve_model_path
 from harnessrl.policy.kv_slab import GROUPED_SDPA, KVSlab
@@ -133,7 +134,11 @@ class HFPolicy(WeightSyncedPolicy):
     ``cascade_attention``: rows of a batch that share a prompt prefix (a GRPO group's rollouts)
     sit next to each other and a decode step reads their prefix once for all of them
     (``policy/cascade.py``; the same attention up to rounding); it needs the prefix cache and
-    SDPA, and is off otherwise.
+    SDPA, and is off otherwise. ``decode_kernel`` runs decode steps' attention through the C++
+    kernel of ``policy/decode_kernel.py`` (built at first use; the same attention up to float
+    rounding, each row's keys read once for the query heads that share them); ``None`` turns it
+    on wherever it fits (CPU, float32, SDPA, a head size it is built for) and builds; cascade
+    attention, where on, takes the decode steps instead.
     ``generate`` calls are serialized by a lock.
     """
 
@@ -147,6 +152,7 @@ class HFPolicy(WeightSyncedPolicy):
         max_prefix_cache_tokens: int = 65536,
         packed_linear: bool | None = None,
         cascade_attention: bool = False,
+        decode_kernel: bool | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -202,6 +208,8 @@ class HFPolicy(WeightSyncedPolicy):
             else None
         )
         self.cascade_attention = cascade_attention and self._grouped_attention and self.prefix_cache is not None
+        self._decode_kernel = select_kernel(decode_kernel, self._grouped_attention and kernel_fits(
+            self.device, self.dtype, heads, self._kv_shape[1], self._kv_shape[2]))
         self._weights_seen: tuple[int, int] | None = None
         self._lock = threading.Lock()
         can_pack = onednn_linear_available(self.device, self.dtype)
@@ -506,6 +514,8 @@ class HFPolicy(WeightSyncedPolicy):
                         lengths, [group_of[row] for row in active], shared,
                         [width - prompt_lengths[row] for row in active],
                     )
+                elif self._decode_kernel is not None:
+                    extra.update(decode_arguments(self._decode_kernel, lengths))
                 elif len(groups := row_groups(lengths)) > 1:
                     extra["harnessrl_row_groups"] = groups
             outputs = self.model(

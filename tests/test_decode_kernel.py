@@ -1,0 +1,141 @@
+"""The C++ decode-attention kernel (``policy/decode_kernel.py``): the attention SDPA computes, over
+only each row's filled slab columns, and ``HFPolicy`` decoding with it gives the tokens it gives
+without it; where it cannot be built the policy keeps SDPA and says why."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is installed by `make test`")
+pytest.importorskip("transformers", reason="transformers is installed by `make test`")
+
+from harnessrl.policy import decode_kernel as dk  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    built = dk.decode_kernel()
+    assert built is not None, "the kernel did not build: see the warning logged (a C++ compiler and ninja)"
+    return built
+
+
+def reference(query, key, value, lengths, scale):
+    """SDPA per row over its filled columns (the right end of the slab), GQA by repeating keys."""
+    rows, heads, _, _ = query.shape
+    group = heads // key.shape[1]
+    outputs = []
+    for row in range(rows):
+        k = key[row, :, key.shape[2] - lengths[row]:].repeat_interleave(group, dim=0)
+        v = value[row, :, value.shape[2] - lengths[row]:].repeat_interleave(group, dim=0)
+        outputs.append(torch.nn.functional.scaled_dot_product_attention(query[row], k, v, scale=scale))
+    return torch.stack(outputs).transpose(1, 2)  # [rows, 1, heads, head_dim]
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (4, 2, 32), (8, 1, 128)])
+def test_the_kernel_computes_sdpa_over_each_rows_columns(kernel, heads, kv_heads, head_dim):
+    torch.manual_seed(0)
+    rows, capacity, fill = 5, 700, 517
+    # a slab with room to spare on both sides, read through the strided view a decode step gets
+    slab = torch.randn(2, rows, kv_heads, capacity, head_dim) * 3
+    key, value = slab[0, :, :, :fill], slab[1, :, :, :fill]
+    query = torch.randn(rows, heads, 1, head_dim) * 3
+    lengths = torch.tensor([fill, 1, 128, 129, 300])  # whole, one column, block edges, a tail
+    scale = head_dim ** -0.5
+    got = dk.decode_attention(kernel, query, key, value, lengths, scale)
+    want = reference(query, key, value, lengths.tolist(), scale)
+    assert got.shape == (rows, 1, heads, head_dim)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=5e-5)  # float32 sums in another order, libmvec exp
+    # the padding it must not read: garbage there changes nothing
+    slab[:, 2, :, : fill - 128] = float("nan")
+    assert torch.equal(dk.decode_attention(kernel, query, key, value, lengths, scale), got)
+
+
+def test_the_kernel_refuses_what_it_cannot_compute(kernel):
+    query, key = torch.randn(2, 3, 3, 64), torch.randn(2, 3, 10, 64)
+    with pytest.raises(RuntimeError, match="float32 only"):
+        kernel.decode_attention(query.double(), key.double(), key.double(), torch.tensor([0, 0]), 1.0)
+    with pytest.raises(RuntimeError, match="attends over no column"):
+        kernel.decode_attention(query, key, key, torch.tensor([0, 10]), 1.0)
+    with pytest.raises(RuntimeError, match="head size 48 is not built"):
+        kernel.decode_attention(torch.randn(2, 3, 3, 48), torch.randn(2, 3, 10, 48), torch.randn(2, 3, 10, 48),
+                                torch.tensor([0, 0]), 1.0)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        kernel.decode_attention(query, key.transpose(2, 3).contiguous().transpose(2, 3), key, torch.tensor([0, 0]), 1.0)
+
+
+@pytest.fixture(scope="module")
+def head64_model(tmp_path_factory):
+    from conftest import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory, "tiny-head64", hidden_size=48, num_attention_heads=6,
+                           num_key_value_heads=2, head_dim=64)
+
+
+def test_hf_policy_decodes_the_same_tokens_with_the_kernel(kernel, head64_model):
+    from harnessrl.policy.base import GenerationRequest, SamplingParams
+    from harnessrl.policy.hf import HFPolicy
+
+    with_kernel = HFPolicy(head64_model, device="cpu", dtype="float32")
+    without = HFPolicy(head64_model, device="cpu", dtype="float32", decode_kernel=False)
+    assert with_kernel._decode_kernel is kernel and without._decode_kernel is None
+    prompts = [[(7 * i + j) % 500 + 3 for j in range(n)] for i, n in enumerate((5, 140, 33, 260))]
+    requests = [GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=12 + 5 * i))
+                for i, p in enumerate(prompts)]
+    for policy in (with_kernel, without):  # the batch: rows of four lengths, finishing apart
+        policy.clear_prefix_cache()
+    a, b = with_kernel.generate(requests), without.generate(requests)
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids == y.token_ids
+        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
+    # continuous batching: requests joining at different steps get the same tokens too
+    with with_kernel.continuous() as decoder:
+        for key, request in enumerate(requests[:2]):
+            decoder.add(key, request)
+        finished, joined = {}, False
+        while len(finished) < len(requests):
+            for key, generation in decoder.step():
+                finished[key] = generation
+            if not joined and decoder.stats.steps >= 4:  # two more join a batch four steps in
+                decoder.add(2, requests[2])
+                decoder.add(3, requests[3])
+                joined = True
+    assert [finished[k].token_ids for k in range(len(requests))] == [g.token_ids for g in b]
+
+
+def test_a_kernel_that_does_not_build_leaves_sdpa_and_says_why(monkeypatch, tmp_path, caplog):
+    broken = tmp_path / "decode_attention.cpp"
+    broken.write_text("this is not C++\n")
+    monkeypatch.setattr(dk, "SOURCE", broken)
+    monkeypatch.setenv("HARNESSRL_CACHE", str(tmp_path / "cache"))
+    with caplog.at_level(logging.WARNING, logger=dk.__name__):
+        assert dk.decode_kernel.__wrapped__() is None
+    assert "could not be built" in caplog.text and "decode steps use SDPA" in caplog.text
+    monkeypatch.setattr(dk, "decode_kernel", lambda: None)
+    assert dk.select_kernel(None, fits=True) is None  # automatic: SDPA
+    with pytest.raises(ValueError, match="decode_kernel needs a CPU, float32 weights"):
+        dk.select_kernel(True, fits=True)
+    with pytest.raises(ValueError, match="decode_kernel needs"):
+        dk.select_kernel(True, fits=False)
+    assert dk.select_kernel(False, fits=True) is None
+
+
+def test_the_kernel_is_chosen_only_where_it_fits():
+    cpu = torch.device("cpu")
+    assert dk.kernel_fits(cpu, torch.float32, 9, 3, 64)
+    assert not dk.kernel_fits(cpu, torch.bfloat16, 9, 3, 64)  # the trainer's bfloat16 rollouts keep SDPA
+    assert not dk.kernel_fits(cpu, torch.float32, 9, 3, 48)
+    assert not dk.kernel_fits(cpu, torch.float32, 18, 1, 64)  # more query heads per key head than built
+    assert not dk.kernel_fits(torch.device("cuda"), torch.float32, 9, 3, 64)
+
+
+def test_the_build_is_named_by_its_source_flags_torch_and_cpu(monkeypatch, tmp_path):
+    first = dk.build_digest()
+    assert first == dk.build_digest()
+    other = tmp_path / "decode_attention.cpp"
+    other.write_text(dk.SOURCE.read_text() + "\n// another source\n")
+    monkeypatch.setattr(dk, "SOURCE", other)
+    assert dk.build_digest() != first
+    monkeypatch.setattr(dk, "_cpu_identity", lambda: "another CPU")
+    assert dk.build_digest() not in (first,)

@@ -52,10 +52,26 @@ def test_the_kernel_computes_sdpa_over_each_rows_columns(kernel, heads, kv_heads
     assert torch.equal(dk.decode_attention(kernel, query, key, value, lengths, scale), got)
 
 
+def test_the_kernel_computes_bfloat16_attention_in_float32(kernel):
+    torch.manual_seed(1)
+    rows, fill = 4, 400
+    slab = torch.randn(2, rows, 3, fill + 64, 64).bfloat16()
+    key, value = slab[0, :, :, :fill], slab[1, :, :, :fill]
+    query = torch.randn(rows, 9, 1, 64).bfloat16()
+    lengths = torch.tensor([fill, 7, 128, 257])
+    got = dk.decode_attention(kernel, query, key, value, lengths, 0.125)
+    assert got.dtype == torch.bfloat16
+    exact = reference(query.float(), key.float(), value.float(), lengths.tolist(), 0.125)
+    torch.testing.assert_close(got.float(), exact, rtol=0, atol=1e-2)  # one bfloat16 rounding of the output
+    assert torch.equal(got, exact.bfloat16())  # ... and only that: the arithmetic is float32's
+
+
 def test_the_kernel_refuses_what_it_cannot_compute(kernel):
     query, key = torch.randn(2, 3, 3, 64), torch.randn(2, 3, 10, 64)
-    with pytest.raises(RuntimeError, match="float32 only"):
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         kernel.decode_attention(query.double(), key.double(), key.double(), torch.tensor([0, 0]), 1.0)
+    with pytest.raises(RuntimeError, match="one dtype"):
+        kernel.decode_attention(query, key.bfloat16(), key.bfloat16(), torch.tensor([0, 0]), 1.0)
     with pytest.raises(RuntimeError, match="attends over no column"):
         kernel.decode_attention(query, key, key, torch.tensor([0, 10]), 1.0)
     with pytest.raises(RuntimeError, match="head size 48 is not built"):
@@ -114,7 +130,7 @@ def test_a_kernel_that_does_not_build_leaves_sdpa_and_says_why(monkeypatch, tmp_
     assert "could not be built" in caplog.text and "decode steps use SDPA" in caplog.text
     monkeypatch.setattr(dk, "decode_kernel", lambda: None)
     assert dk.select_kernel(None, fits=True) is None  # automatic: SDPA
-    with pytest.raises(ValueError, match="decode_kernel needs a CPU, float32 weights"):
+    with pytest.raises(ValueError, match="decode_kernel needs a CPU, float32 or bfloat16 weights"):
         dk.select_kernel(True, fits=True)
     with pytest.raises(ValueError, match="decode_kernel needs"):
         dk.select_kernel(True, fits=False)
@@ -124,7 +140,8 @@ def test_a_kernel_that_does_not_build_leaves_sdpa_and_says_why(monkeypatch, tmp_
 def test_the_kernel_is_chosen_only_where_it_fits():
     cpu = torch.device("cpu")
     assert dk.kernel_fits(cpu, torch.float32, 9, 3, 64)
-    assert not dk.kernel_fits(cpu, torch.bfloat16, 9, 3, 64)  # the trainer's bfloat16 rollouts keep SDPA
+    assert dk.kernel_fits(cpu, torch.bfloat16, 9, 3, 64)  # the trainer's rollout copy
+    assert not dk.kernel_fits(cpu, torch.float16, 9, 3, 64)
     assert not dk.kernel_fits(cpu, torch.float32, 9, 3, 48)
     assert not dk.kernel_fits(cpu, torch.float32, 18, 1, 64)  # more query heads per key head than built
     assert not dk.kernel_fits(torch.device("cuda"), torch.float32, 9, 3, 64)

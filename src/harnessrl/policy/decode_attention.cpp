@@ -1,6 +1,7 @@
 // Copyright 2026 The harnessrl Authors. Licensed under the Apache License, Version 2.0.
 //
-// One decode step's attention over HFPolicy's right-aligned KV slab, float32, GQA-packed
+// One decode step's attention over HFPolicy's right-aligned KV slab, float32 or bfloat16 (computed
+// in float32), GQA-packed
 // (policy/decode_kernel.py builds and loads it). query is [rows, kv_heads, G, D]: the G query
 // heads that share a key head, one token each; key and value are [rows, kv_heads, columns, D]
 // views of the slab (a column's D values contiguous, any other strides); row r attends over its
@@ -15,6 +16,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 
 namespace {
@@ -22,8 +25,17 @@ namespace {
 constexpr int kBlock = 128;
 constexpr int kMaxGroup = 8;
 
-template <int D>
-void attend_one(const float* q, const float* k, const float* v, float* out, int64_t n, int groups, float scale) {
+// A value of the slab as float: float32 as is, bfloat16 (its bits the high half of a float's).
+inline float as_float(float x) { return x; }
+inline float as_float(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float x;
+  std::memcpy(&x, &wide, sizeof(x));
+  return x;
+}
+
+template <int D, typename T>
+void attend_one(const float* q, const T* k, const T* v, float* out, int64_t n, int groups, float scale) {
   float acc[kMaxGroup][D];
   float running_max[kMaxGroup];
   float running_sum[kMaxGroup];
@@ -36,12 +48,15 @@ void attend_one(const float* q, const float* k, const float* v, float* out, int6
   for (int64_t first = 0; first < n; first += kBlock) {
     const int count = static_cast<int>(std::min<int64_t>(kBlock, n - first));
     for (int j = 0; j < count; ++j) {
-      const float* key = k + (first + j) * D;
+      const T* key = k + (first + j) * D;
+      float kf[D];
+#pragma omp simd
+      for (int d = 0; d < D; ++d) kf[d] = as_float(key[d]);
       for (int g = 0; g < groups; ++g) {
         const float* query = q + g * D;
         float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-        for (int d = 0; d < D; ++d) dot += query[d] * key[d];
+        for (int d = 0; d < D; ++d) dot += query[d] * kf[d];
         score[g][j] = dot * scale;
       }
     }
@@ -62,11 +77,14 @@ void attend_one(const float* q, const float* k, const float* v, float* out, int6
       for (int d = 0; d < D; ++d) acc[g][d] *= rescale;
     }
     for (int j = 0; j < count; ++j) {
-      const float* value = v + (first + j) * D;
+      const T* value = v + (first + j) * D;
+      float vf[D];
+#pragma omp simd
+      for (int d = 0; d < D; ++d) vf[d] = as_float(value[d]);
       for (int g = 0; g < groups; ++g) {
         const float p = score[g][j];
 #pragma omp simd
-        for (int d = 0; d < D; ++d) acc[g][d] += p * value[d];
+        for (int d = 0; d < D; ++d) acc[g][d] += p * vf[d];
       }
     }
   }
@@ -76,30 +94,42 @@ void attend_one(const float* q, const float* k, const float* v, float* out, int6
   }
 }
 
-template <int D>
+template <int D, typename T>
 void attend(const torch::Tensor& q, const torch::Tensor& key, const torch::Tensor& value, const int64_t* start,
             torch::Tensor& out, float scale) {
   const int64_t rows = q.size(0), kv_heads = q.size(1), groups = q.size(2), columns = key.size(2);
   const float* qp = q.data_ptr<float>();
-  const float* kp = key.data_ptr<float>();
-  const float* vp = value.data_ptr<float>();
+  const T* kp = static_cast<const T*>(key.data_ptr());
+  const T* vp = static_cast<const T*>(value.data_ptr());
   float* op = out.data_ptr<float>();
   const int64_t k_row = key.stride(0), k_head = key.stride(1), v_row = value.stride(0), v_head = value.stride(1);
   at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t row = i / kv_heads, head = i % kv_heads, s = start[row];
-      attend_one<D>(qp + i * groups * D, kp + row * k_row + head * k_head + s * D,
-                    vp + row * v_row + head * v_head + s * D, op + i * groups * D, columns - s,
-                    static_cast<int>(groups), scale);
+      attend_one<D, T>(qp + i * groups * D, kp + row * k_row + head * k_head + s * D,
+                       vp + row * v_row + head * v_head + s * D, op + i * groups * D, columns - s,
+                       static_cast<int>(groups), scale);
     }
   });
+}
+
+template <typename T>
+void attend_sized(int64_t head_dim, const torch::Tensor& q, const torch::Tensor& key, const torch::Tensor& value,
+                  const int64_t* start, torch::Tensor& out, float scale) {
+  switch (head_dim) {
+    case 32: attend<32, T>(q, key, value, start, out, scale); break;
+    case 64: attend<64, T>(q, key, value, start, out, scale); break;
+    case 128: attend<128, T>(q, key, value, start, out, scale); break;
+    default: TORCH_CHECK(false, "head size ", head_dim, " is not built (32, 64, 128)");
+  }
 }
 
 torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
                                const torch::Tensor& start, double scale) {
   TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4, "query, key and value are 4-d");
-  TORCH_CHECK(query.scalar_type() == torch::kFloat32 && key.scalar_type() == torch::kFloat32 &&
-                  value.scalar_type() == torch::kFloat32, "float32 only");
+  const auto dtype = key.scalar_type();
+  TORCH_CHECK((dtype == torch::kFloat32 || dtype == torch::kBFloat16) && value.scalar_type() == dtype &&
+                  query.scalar_type() == dtype, "float32 or bfloat16, one dtype for query, key and value");
   TORCH_CHECK(!query.is_cuda() && !key.is_cuda(), "CPU tensors only");
   const int64_t head_dim = query.size(3);
   TORCH_CHECK(key.size(3) == head_dim && value.size(3) == head_dim, "key and value have the query's head size");
@@ -113,16 +143,15 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
   const int64_t* sp = starts.data_ptr<int64_t>();
   for (int64_t r = 0; r < starts.numel(); ++r)
     TORCH_CHECK(sp[r] >= 0 && sp[r] < key.size(2), "row ", r, " attends over no column");
-  auto q = query.contiguous();
+  auto q = query.to(torch::kFloat32).contiguous();
   auto out = torch::empty_like(q);
   const float s = static_cast<float>(scale);
-  switch (head_dim) {
-    case 32: attend<32>(q, key, value, sp, out, s); break;
-    case 64: attend<64>(q, key, value, sp, out, s); break;
-    case 128: attend<128>(q, key, value, sp, out, s); break;
-    default: TORCH_CHECK(false, "head size ", head_dim, " is not built (32, 64, 128)");
+  if (dtype == torch::kFloat32) {
+    attend_sized<float>(head_dim, q, key, value, sp, out, s);
+  } else {
+    attend_sized<uint16_t>(head_dim, q, key, value, sp, out, s);
   }
-  return out;
+  return out.to(dtype);
 }
 
 }  // namespace

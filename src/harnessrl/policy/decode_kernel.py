@@ -71,9 +71,9 @@ def decode_kernel() -> Any | None:
 
 
 def kernel_fits(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> bool:
-    """Returns whether the kernel computes this model's decode attention: CPU, float32, a head
-    size it is built for, at most ``MAX_GROUP`` query heads per key head."""
-    return (device.type == "cpu" and dtype == torch.float32 and head_dim in HEAD_SIZES
+    """Returns whether the kernel computes this model's decode attention: CPU, float32 or
+    bfloat16, a head size it is built for, at most ``MAX_GROUP`` query heads per key head."""
+    return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and head_dim in HEAD_SIZES
             and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP)
 
 
@@ -85,7 +85,7 @@ def select_kernel(wanted: bool | None, fits: bool) -> Any | None:
     kernel = decode_kernel() if fits else None
     if wanted and kernel is None:
         raise ValueError(
-            "decode_kernel needs a CPU, float32 weights, SDPA attention, a head size of "
+            "decode_kernel needs a CPU, float32 or bfloat16 weights, SDPA attention, a head size of "
             f"{'/'.join(map(str, HEAD_SIZES))} and a C++ compiler with ninja (the warning logged "
             "says what failed); pass decode_kernel=None to choose automatically"
         )

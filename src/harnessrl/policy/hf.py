@@ -137,7 +137,7 @@ class HFPolicy(WeightSyncedPolicy):
     SDPA, and is off otherwise. ``decode_kernel`` runs decode steps' attention through the C++
     kernel of ``policy/decode_kernel.py`` (built at first use; the same attention up to float
     rounding, each row's keys read once for the query heads that share them); ``None`` turns it
-    on wherever it fits (CPU, float32, SDPA, a head size it is built for) and builds; cascade
+    on wherever it fits (CPU, float32 or bfloat16, SDPA, a head size it is built for) and builds; cascade
     attention, where on, takes the decode steps instead.
     ``generate`` calls are serialized by a lock.
     """

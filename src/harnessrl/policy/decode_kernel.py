@@ -63,6 +63,8 @@ def decode_kernel() -> Any | None:
     folder = default_cache_root() / "kernels" / name
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        if not any(folder.glob("*.so")):
+            log.info("building the decode-attention kernel for this CPU into %s (once; about 30 s)", folder)
         return load(name, [str(SOURCE)], extra_cflags=list(FLAGS), build_directory=str(folder), verbose=False)
     except Exception as exc:  # no compiler, no ninja, a read-only cache: SDPA stays
         log.warning("the decode-attention kernel could not be built (%s: %s); decode steps use SDPA",

@@ -13,7 +13,8 @@ $(PY):
 	$(PY) -m pip install -q --upgrade pip
 
 # bubblewrap is the default sandbox backend; chromium opens the HTML reports in the report
-# test (headless). Both are installed from Debian when missing.
+# test (headless); g++ builds HFPolicy's decode-attention kernel. All are installed from Debian
+# when missing.
 system-deps:
 	@command -v bwrap >/dev/null 2>&1 || { \
 	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
@@ -25,6 +26,11 @@ system-deps:
 	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	    (apt-get install -y -q python3-venv >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q python3-venv >/dev/null)); \
 	  else echo "warning: python3-venv not found; harnessrl external install mini-swe-agent needs it" >&2; fi; }
+	@# HFPolicy's decode-attention kernel is built at first use with the system C++ compiler.
+	@command -v c++ >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    (apt-get install -y -q g++ >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q g++ >/dev/null)); \
+	  else echo "warning: no C++ compiler; HFPolicy decodes with SDPA instead of its kernel" >&2; fi; }
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
 	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	    (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)); \

@@ -5,6 +5,8 @@ without it; where it cannot be built the policy keeps SDPA and says why."""
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 
 import pytest
 
@@ -16,8 +18,14 @@ from harnessrl.policy import decode_kernel as dk  # noqa: E402
 
 @pytest.fixture(scope="module")
 def kernel():
+    """The built kernel; without a C++ compiler the test fails in CI and is skipped elsewhere
+    (`make setup` installs g++ where it can)."""
+    if shutil.which("c++") is None:
+        if os.environ.get("CI"):
+            pytest.fail("no C++ compiler: the decode-attention kernel cannot be built")
+        pytest.skip("no C++ compiler (`make setup` installs g++ where it can)")
     built = dk.decode_kernel()
-    assert built is not None, "the kernel did not build: see the warning logged (a C++ compiler and ninja)"
+    assert built is not None, "the kernel did not build: see the warning logged"
     return built
 
 

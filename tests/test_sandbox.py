@@ -675,3 +675,30 @@ def test_limits_are_validated() -> None:
     with pytest.raises(ValueError, match="max_processes"):
         SandboxLimits(max_processes=0)
     assert SandboxLimits().timeout_s == 30.0
+
+
+def test_removing_a_workspace_never_changes_the_mode_of_the_folder_that_holds_it(tmp_path, monkeypatch):
+    """A workspace whose own removal fails (here: simulated for its top folder) must not take the
+    permissions of its parent (a workspace directly in /tmp once left /tmp at 0700, and every
+    sandbox user after it could no longer reach its workspace)."""
+    import shutil as shutil_module
+    import stat
+
+    from harnessrl.sandbox import workspace as workspace_module
+
+    holder = tmp_path / "holder"
+    tree = holder / "ws"
+    (tree / "locked").mkdir(parents=True)
+    (tree / "locked" / "file").write_text("x")
+    os.chmod(tree / "locked", 0)  # what a sandboxed process may leave behind
+    os.chmod(holder, 0o1777)
+    real_rmtree = shutil_module.rmtree
+
+    def rmtree_failing_on_top(path, onerror):
+        onerror(os.rmdir, str(path), None)  # the top folder's removal fails first, as with EBUSY
+        real_rmtree(path, onerror=onerror)
+
+    monkeypatch.setattr(workspace_module.shutil, "rmtree", rmtree_failing_on_top)
+    workspace_module._remove_tree(str(tree))
+    assert not tree.exists()
+    assert stat.S_IMODE(holder.stat().st_mode) == 0o1777

@@ -76,10 +76,13 @@ def _remove_tree(path: str) -> None:
     """Delete a directory tree, fixing permissions a sandboxed process may have removed (a
     quota tmpfs on it is detached first: its files go with it)."""
     _unmount_quota(path)
+    top = os.path.realpath(path)
 
     def fix_and_retry(func: Any, failed: str, _exc_info: Any) -> None:
         with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(failed), 0o700)
+            parent = os.path.realpath(os.path.dirname(failed))
+            if os.path.commonpath([top, parent]) == top:  # never a folder outside the tree (/tmp itself)
+                os.chmod(parent, 0o700)
             if os.path.isdir(failed) and not os.path.islink(failed):
                 os.chmod(failed, 0o700)
             func(failed)

@@ -34,6 +34,13 @@ inline float as_float(uint16_t bits) {
   return x;
 }
 
+// One key or value column as D floats.
+template <int D, typename T>
+inline void load_row(const T* source, float* row) {
+#pragma omp simd
+  for (int d = 0; d < D; ++d) row[d] = as_float(source[d]);
+}
+
 template <int D, typename T>
 void attend_one(const float* q, const T* k, const T* v, float* out, int64_t n, int groups, float scale) {
   float acc[kMaxGroup][D];
@@ -48,10 +55,8 @@ void attend_one(const float* q, const T* k, const T* v, float* out, int64_t n, i
   for (int64_t first = 0; first < n; first += kBlock) {
     const int count = static_cast<int>(std::min<int64_t>(kBlock, n - first));
     for (int j = 0; j < count; ++j) {
-      const T* key = k + (first + j) * D;
       float kf[D];
-#pragma omp simd
-      for (int d = 0; d < D; ++d) kf[d] = as_float(key[d]);
+      load_row<D>(k + (first + j) * D, kf);
       for (int g = 0; g < groups; ++g) {
         const float* query = q + g * D;
         float dot = 0.f;
@@ -77,10 +82,8 @@ void attend_one(const float* q, const T* k, const T* v, float* out, int64_t n, i
       for (int d = 0; d < D; ++d) acc[g][d] *= rescale;
     }
     for (int j = 0; j < count; ++j) {
-      const T* value = v + (first + j) * D;
       float vf[D];
-#pragma omp simd
-      for (int d = 0; d < D; ++d) vf[d] = as_float(value[d]);
+      load_row<D>(v + (first + j) * D, vf);
       for (int g = 0; g < groups; ++g) {
         const float p = score[g][j];
 #pragma omp simd

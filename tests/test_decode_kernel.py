@@ -1,6 +1,7 @@
-"""The C++ decode-attention kernel (``policy/decode_kernel.py``): the attention SDPA computes, over
-only each row's filled slab columns, and ``HFPolicy`` decoding with it gives the tokens it gives
-without it; where it cannot be built the policy keeps SDPA and says why."""
+"""The C++ attention kernels (``policy/decode_kernel.py``): a decode step's attention as SDPA computes
+it over only each row's filled slab columns, a prefill's causal attention over its cached prefix as
+SDPA computes it under the mask, and ``HFPolicy`` with them gives the tokens it gives without them;
+where they cannot be built the policy keeps SDPA and says why."""
 
 from __future__ import annotations
 
@@ -131,11 +132,11 @@ def test_hf_policy_decodes_the_same_tokens_with_the_kernel(kernel, head64_model)
 def test_a_kernel_that_does_not_build_leaves_sdpa_and_says_why(monkeypatch, tmp_path, caplog):
     broken = tmp_path / "decode_attention.cpp"
     broken.write_text("this is not C++\n")
-    monkeypatch.setattr(dk, "SOURCE", broken)
+    monkeypatch.setattr(dk, "SOURCES", (broken, dk.SOURCES[1]))
     monkeypatch.setenv("HARNESSRL_CACHE", str(tmp_path / "cache"))
     with caplog.at_level(logging.WARNING, logger=dk.__name__):
         assert dk.decode_kernel.__wrapped__() is None
-    assert "could not be built" in caplog.text and "decode steps use SDPA" in caplog.text
+    assert "could not be built" in caplog.text and "decode and prefill attention use SDPA" in caplog.text
     monkeypatch.setattr(dk, "decode_kernel", lambda: None)
     assert dk.select_kernel(None, fits=True) is None  # automatic: SDPA
     with pytest.raises(ValueError, match="decode_kernel needs a CPU, float32 or bfloat16 weights"):
@@ -143,6 +144,8 @@ def test_a_kernel_that_does_not_build_leaves_sdpa_and_says_why(monkeypatch, tmp_
     with pytest.raises(ValueError, match="decode_kernel needs"):
         dk.select_kernel(True, fits=False)
     assert dk.select_kernel(False, fits=True) is None
+    with pytest.raises(ValueError, match="prefill_kernel needs"):
+        dk.select_kernel(True, fits=True, setting="prefill_kernel")
 
 
 def test_the_kernel_is_chosen_only_where_it_fits():
@@ -158,9 +161,87 @@ def test_the_kernel_is_chosen_only_where_it_fits():
 def test_the_build_is_named_by_its_source_flags_torch_and_cpu(monkeypatch, tmp_path):
     first = dk.build_digest()
     assert first == dk.build_digest()
-    other = tmp_path / "decode_attention.cpp"
-    other.write_text(dk.SOURCE.read_text() + "\n// another source\n")
-    monkeypatch.setattr(dk, "SOURCE", other)
-    assert dk.build_digest() != first
+    for index in range(len(dk.SOURCES)):  # either source
+        other = tmp_path / dk.SOURCES[index].name
+        other.write_text(dk.SOURCES[index].read_text() + "\n// another source\n")
+        with monkeypatch.context() as patch:
+            patch.setattr(dk, "SOURCES", tuple(other if i == index else s for i, s in enumerate(dk.SOURCES)))
+            assert dk.build_digest() != first
     monkeypatch.setattr(dk, "_cpu_identity", lambda: "another CPU")
     assert dk.build_digest() not in (first,)
+
+
+def prefill_reference(query, key, value, scale):
+    """SDPA under the mask a prefill after a cached prefix gets: new token t sees columns up to
+    L - S + t; GQA by repeating keys. Returns [1, S, heads, head_dim]."""
+    tokens, columns = query.shape[2], key.shape[2]
+    group = query.shape[1] // key.shape[1]
+    mask = torch.ones(tokens, columns, dtype=torch.bool).tril(columns - tokens)
+    k, v = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+    return torch.nn.functional.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scale).transpose(1, 2)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 32), (8, 1, 128)])
+@pytest.mark.parametrize(("tokens", "columns"), [(1, 1), (1, 300), (5, 5), (7, 70), (64, 64), (113, 900), (130, 131)])
+def test_the_prefill_kernel_computes_causal_attention_over_the_cached_prefix(kernel, heads, kv_heads, head_dim,
+                                                                             tokens, columns):
+    torch.manual_seed(tokens * 1000 + columns)
+    # the keys as a prefill reads them: a view of a slab row with room beyond its columns
+    slab = torch.randn(2, 1, kv_heads, columns + 40, head_dim) * 3
+    key, value = slab[0, :, :, :columns], slab[1, :, :, :columns]
+    query = torch.randn(1, heads, tokens, head_dim) * 3
+    scale = head_dim ** -0.5
+    got = dk.prefill_attention(kernel, query, key, value, scale)
+    assert got.shape == (1, tokens, heads, head_dim)
+    # as close to the float64 result as SDPA's float32 is (sums in another order, a polynomial exp)
+    exact = prefill_reference(query.double(), key.double(), value.double(), scale)
+    sdpa_error = (prefill_reference(query, key, value, scale).double() - exact).abs().max().item()
+    assert (got.double() - exact).abs().max().item() <= 1.5 * sdpa_error + 1e-5
+    slab[:, :, :, columns:] = float("nan")  # past the last column: never read
+    assert torch.equal(dk.prefill_attention(kernel, query, key, value, scale), got)
+
+
+def test_the_prefill_kernel_computes_bfloat16_attention_in_float32(kernel):
+    torch.manual_seed(2)
+    query = torch.randn(1, 9, 77, 64).bfloat16()
+    key, value = torch.randn(2, 1, 3, 600, 64).bfloat16()
+    got = dk.prefill_attention(kernel, query, key, value, 0.125)
+    assert got.dtype == torch.bfloat16
+    exact = prefill_reference(query.float(), key.float(), value.float(), 0.125)
+    torch.testing.assert_close(got.float(), exact, rtol=0, atol=1e-2)  # one bfloat16 rounding of the output
+    # ... and only that, but for outputs within a float32 rounding of a bfloat16 tie
+    assert (got != exact.bfloat16()).float().mean() < 1e-3
+
+
+def test_the_prefill_kernel_refuses_what_it_cannot_compute(kernel):
+    query, key = torch.randn(1, 9, 4, 64), torch.randn(1, 3, 10, 64)
+    with pytest.raises(RuntimeError, match="one request"):
+        kernel.prefill_attention(query.repeat(2, 1, 1, 1), key.repeat(2, 1, 1, 1), key.repeat(2, 1, 1, 1), 1.0)
+    with pytest.raises(RuntimeError, match="the new tokens are the last key columns"):
+        kernel.prefill_attention(torch.randn(1, 9, 11, 64), key, key, 1.0)
+    with pytest.raises(RuntimeError, match="multiple of key heads"):
+        kernel.prefill_attention(torch.randn(1, 8, 4, 64), key, key, 1.0)
+    with pytest.raises(RuntimeError, match="head size 48 is not built"):
+        kernel.prefill_attention(torch.randn(1, 9, 4, 48), torch.randn(1, 3, 10, 48), torch.randn(1, 3, 10, 48), 1.0)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        kernel.prefill_attention(query, key.transpose(2, 3).contiguous().transpose(2, 3), key, 1.0)
+
+
+def test_hf_policy_prefills_the_same_tokens_with_the_kernel(kernel, head64_model):
+    from harnessrl.policy.base import GenerationRequest, SamplingParams
+    from harnessrl.policy.hf import HFPolicy
+
+    with_kernel = HFPolicy(head64_model, device="cpu", dtype="float32", decode_kernel=False)
+    without = HFPolicy(head64_model, device="cpu", dtype="float32", decode_kernel=False, prefill_kernel=False)
+    assert with_kernel._prefill_kernel is kernel and without._prefill_kernel is None
+    shared = [(11 * j) % 400 + 5 for j in range(180)]  # a system prompt the prefix cache serves to later rows
+    prompts = [shared + [(7 * i + j) % 500 + 3 for j in range(n)] for i, n in enumerate((3, 90, 40, 200))]
+    prompts.append([9, 8, 7])
+    requests = [GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=10)) for p in prompts]
+    for policy in (with_kernel, without):
+        policy.clear_prefix_cache()
+    a, b = with_kernel.generate(requests), without.generate(requests)
+    assert with_kernel.cache_stats.cached_tokens >= 3 * len(shared)  # prefills after a cached prefix ran
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids == y.token_ids
+        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4

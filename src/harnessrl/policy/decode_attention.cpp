@@ -159,6 +159,11 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
 
 }  // namespace
 
+// prefill_attention.cpp
+torch::Tensor prefill_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+                                double scale);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "one decode step's attention over a right-aligned KV slab");
+  m.def("prefill_attention", &prefill_attention, "one request's causal prefill attention over its cached prefix");
 }

@@ -1,9 +1,11 @@
-"""The C++ decode-attention kernel (``decode_attention.cpp``): built once per CPU and source at first use, loaded, or None.
+"""The C++ attention kernels (``decode_attention.cpp``, ``prefill_attention.cpp``): built once per CPU and source at first use, loaded, or None.
 
 ``HFPolicy`` decodes with one query token per row over its KV slab; SDPA's CPU flash kernel reads
 the keys there at about a third of the memory bandwidth one thread has (docs/benchmarks.md, "The
 quiet run with cold caches"), because the 3 queries that share a key head make GEMM calls too
-small to stream the keys. ``decode_attention.cpp`` reads each row's keys and values once.
+small to stream the keys. ``decode_attention.cpp`` reads each row's keys and values once. A request's prefill over its cached
+prefix goes through SDPA under a boolean mask at about half the linear layers' rate;
+``prefill_attention.cpp`` computes it in register tiles of the query heads that share a key head.
 
 The build (``torch.utils.cpp_extension.load``: a C++ compiler and ninja, about 30 s) is cached in
 ``<harnessrl cache>/kernels/<digest>``, the digest naming the source, the flags, torch's version
@@ -20,13 +22,13 @@ import logging
 import platform
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from harnessrl.policy.embedded import default_cache_root
 
-SOURCE = Path(__file__).with_name("decode_attention.cpp")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("decode_attention.cpp", "prefill_attention.cpp"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only")
 HEAD_SIZES = (32, 64, 128)  # the sizes decode_attention.cpp instantiates
 MAX_GROUP = 8  # query heads per key head it takes
@@ -47,7 +49,7 @@ def _cpu_identity() -> str:
 def build_digest() -> str:
     """Returns the name of this source's build for this CPU, flags and torch."""
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), torch.__version__.encode(), _cpu_identity().encode()):
+    for part in (*(source.read_bytes() for source in SOURCES), " ".join(FLAGS).encode(), torch.__version__.encode(), _cpu_identity().encode()):
         digest.update(part)
         digest.update(b"\0")
     return digest.hexdigest()[:16]
@@ -64,10 +66,10 @@ def decode_kernel() -> Any | None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         if not any(folder.glob("*.so")):
-            log.info("building the decode-attention kernel for this CPU into %s (once; about 30 s)", folder)
-        return load(name, [str(SOURCE)], extra_cflags=list(FLAGS), build_directory=str(folder), verbose=False)
+            log.info("building the attention kernels for this CPU into %s (once; about 60 s)", folder)
+        return load(name, [str(source) for source in SOURCES], extra_cflags=list(FLAGS), build_directory=str(folder), verbose=False)
     except Exception as exc:  # no compiler, no ninja, a read-only cache: SDPA stays
-        log.warning("the decode-attention kernel could not be built (%s: %s); decode steps use SDPA",
+        log.warning("the attention kernels could not be built (%s: %s); decode and prefill attention use SDPA",
                     type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
         return None
 
@@ -79,15 +81,15 @@ def kernel_fits(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: 
             and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP)
 
 
-def select_kernel(wanted: bool | None, fits: bool) -> Any | None:
-    """Returns the kernel for a policy that asks for it (``wanted``; None: wherever it ``fits``
-    and builds), or None; raises where it is asked for and does not fit or build."""
+def select_kernel(wanted: bool | None, fits: bool, setting: str = "decode_kernel") -> Any | None:
+    """Returns the kernel for a policy that asks for it (``wanted``, the policy's ``setting``; None:
+    wherever it ``fits`` and builds), or None; raises where it is asked for and does not fit or build."""
     if wanted is False:
         return None
     kernel = decode_kernel() if fits else None
     if wanted and kernel is None:
         raise ValueError(
-            "decode_kernel needs a CPU, float32 or bfloat16 weights, SDPA attention, a head size of "
+            f"{setting} needs a CPU, float32 or bfloat16 weights, SDPA attention, a head size of "
             f"{'/'.join(map(str, HEAD_SIZES))} and a C++ compiler with ninja (the warning logged "
             "says what failed); pass decode_kernel=None to choose automatically"
         )
@@ -111,3 +113,19 @@ def decode_attention(kernel: Any, query: torch.Tensor, key: torch.Tensor, value:
     packed = query.reshape(rows, kv_heads, heads // kv_heads, head_dim)  # head h reads key head h // group
     out = kernel.decode_attention(packed, key, value, columns - lengths, scale)
     return out.reshape(rows, 1, heads, head_dim)
+
+
+def prefill_arguments(kernel: Any) -> dict[str, Any]:
+    """Returns the model forward's arguments that send one request's prefill attention through
+    ``kernel`` (``kv_slab.grouped_sdpa_attention`` reads them): its new tokens are the last
+    columns of its keys, after its cached prefix, with no padding."""
+    return {"harnessrl_prefill": kernel}
+
+
+def prefill_attention(kernel: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    """One request's causal prefill attention in transformers' layout: ``query`` [1, heads, S,
+    head_dim], the S new tokens; ``key`` / ``value`` [1, kv_heads, L, head_dim], the cached
+    prefix's L - S columns and then the new tokens'. Returns [1, S, heads, head_dim], as
+    transformers' SDPA attention."""
+    return cast(torch.Tensor, kernel.prefill_attention(query, key, value, scale))

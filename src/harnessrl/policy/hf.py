@@ -101,7 +101,12 @@ from harnessrl.policy.cascade import (
     row_groups,
 )
 from harnessrl.policy.continuous import StepDecoder, open_decoder
-from harnessrl.policy.decode_kernel import decode_arguments, kernel_fits, select_kernel
+from harnessrl.policy.decode_kernel import (
+    decode_arguments,
+    kernel_fits,
+    prefill_arguments,
+    select_kernel,
+)
 from harnessrl.policy.device import resolve_device, resolve_dtype
 from harnessrl.policy.embedded import resolve_model_path
 from harnessrl.policy.kv_slab import GROUPED_SDPA, KVSlab
@@ -138,7 +143,8 @@ class HFPolicy(WeightSyncedPolicy):
     kernel of ``policy/decode_kernel.py`` (built at first use; the same attention up to float
     rounding, each row's keys read once for the query heads that share them); ``None`` turns it
     on wherever it fits (CPU, float32 or bfloat16, SDPA, a head size it is built for) and builds; cascade
-    attention, where on, takes the decode steps instead.
+    attention, where on, takes the decode steps instead. ``prefill_kernel``, alike, runs a request's
+    prefill attention over its cached prefix through ``prefill_attention.cpp``.
     ``generate`` calls are serialized by a lock.
     """
 
@@ -153,6 +159,7 @@ class HFPolicy(WeightSyncedPolicy):
         packed_linear: bool | None = None,
         cascade_attention: bool = False,
         decode_kernel: bool | None = None,
+        prefill_kernel: bool | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -208,8 +215,9 @@ class HFPolicy(WeightSyncedPolicy):
             else None
         )
         self.cascade_attention = cascade_attention and self._grouped_attention and self.prefix_cache is not None
-        self._decode_kernel = select_kernel(decode_kernel, self._grouped_attention and kernel_fits(
-            self.device, self.dtype, heads, self._kv_shape[1], self._kv_shape[2]))
+        fits = self._grouped_attention and kernel_fits(self.device, self.dtype, heads, *self._kv_shape[1:])
+        self._decode_kernel = select_kernel(decode_kernel, fits)
+        self._prefill_kernel = select_kernel(prefill_kernel, fits, "prefill_kernel")
         self._weights_seen: tuple[int, int] | None = None
         self._lock = threading.Lock()
         can_pack = onednn_linear_available(self.device, self.dtype)
@@ -585,6 +593,7 @@ class HFPolicy(WeightSyncedPolicy):
             use_cache=True,
             logits_to_keep=1,
             **{self._cache_argument: row_slab.cache()},
+            **(prefill_arguments(self._prefill_kernel) if self._prefill_kernel is not None else {}),
         )
         stats = self.cache_stats
         stats.requests += 1

@@ -25,7 +25,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from harnessrl.policy.cascade import CascadeBlock, cascade_attention
-from harnessrl.policy.decode_kernel import decode_attention
+from harnessrl.policy.decode_kernel import decode_attention, prefill_attention
 
 GROUPED_SDPA = "harnessrl_grouped_sdpa"
 
@@ -39,6 +39,7 @@ def grouped_sdpa_attention(
     harnessrl_row_groups: Sequence[tuple[int, int, int]] | None = None,
     harnessrl_cascade: Sequence[CascadeBlock] | None = None,
     harnessrl_decode: tuple[Any, torch.Tensor] | None = None,
+    harnessrl_prefill: Any | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' SDPA attention, except that in a decode step of a left-padded batch each
@@ -47,13 +48,16 @@ def grouped_sdpa_attention(
     so the result is the same while the keys and values read drop by the padding. With
     ``harnessrl_cascade`` blocks a decode step reads each shared prefix once
     (``policy/cascade.py``); with ``harnessrl_decode`` (the kernel of ``policy/decode_kernel.py``
-    and each row's filled columns) it runs that kernel, which reads only those columns. Without
-    any of them (prefill, training, other callers) it is plain SDPA."""
+    and each row's filled columns) it runs that kernel, which reads only those columns; with
+    ``harnessrl_prefill`` (one request's prefill after its cached prefix, ``HFPolicy._prefill_row``)
+    it runs ``prefill_attention.cpp``. Without any of them (training, other callers) it is plain SDPA."""
     if harnessrl_cascade is not None and query.shape[2] == 1:
         return cascade_attention(query, key, value, harnessrl_cascade, kwargs["scaling"]), None
     if harnessrl_decode is not None and query.shape[2] == 1:
         kernel, lengths = harnessrl_decode
         return decode_attention(kernel, query, key, value, lengths, kwargs["scaling"]), None
+    if harnessrl_prefill is not None and query.shape[0] == 1:
+        return prefill_attention(harnessrl_prefill, query, key, value, kwargs["scaling"]), None
     if (
         harnessrl_row_groups is None
         or query.shape[2] != 1

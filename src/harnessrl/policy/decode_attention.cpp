@@ -20,19 +20,15 @@
 #include <cstring>
 #include <limits>
 
+#include "attention_values.h"
+
 namespace {
+
+using harnessrl::as_float;
 
 constexpr int kBlock = 128;
 constexpr int kMaxGroup = 8;
 
-// A value of the slab as float: float32 as is, bfloat16 (its bits the high half of a float's).
-inline float as_float(float x) { return x; }
-inline float as_float(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float x;
-  std::memcpy(&x, &wide, sizeof(x));
-  return x;
-}
 
 // One key or value column as D floats.
 template <int D, typename T>

@@ -29,6 +29,7 @@ import torch
 from harnessrl.policy.embedded import default_cache_root
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("decode_attention.cpp", "prefill_attention.cpp"))
+HEADERS = (Path(__file__).with_name("attention_values.h"),)  # included by both: part of the build's name
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only")
 HEAD_SIZES = (32, 64, 128)  # the sizes decode_attention.cpp instantiates
 MAX_GROUP = 8  # query heads per key head it takes
@@ -49,7 +50,7 @@ def _cpu_identity() -> str:
 def build_digest() -> str:
     """Returns the name of this source's build for this CPU, flags and torch."""
     digest = hashlib.sha256()
-    for part in (*(source.read_bytes() for source in SOURCES), " ".join(FLAGS).encode(), torch.__version__.encode(), _cpu_identity().encode()):
+    for part in (*(source.read_bytes() for source in SOURCES + HEADERS), " ".join(FLAGS).encode(), torch.__version__.encode(), _cpu_identity().encode()):
         digest.update(part)
         digest.update(b"\0")
     return digest.hexdigest()[:16]

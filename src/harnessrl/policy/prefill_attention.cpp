@@ -20,9 +20,13 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+
+#include "attention_values.h"
 #include <vector>
 
 namespace {
+
+using harnessrl::as_float;
 
 typedef float vec16 __attribute__((vector_size(64)));
 typedef int32_t ivec16 __attribute__((vector_size(64)));
@@ -38,13 +42,6 @@ inline vec16 load(const float* p) {
 }
 inline void store(float* p, vec16 v) { std::memcpy(p, &v, sizeof(v)); }
 
-inline float as_float(float x) { return x; }
-inline float as_float(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float x;
-  std::memcpy(&x, &wide, sizeof(x));
-  return x;
-}
 
 // One key head's keys as a [D, padded] float panel (zero past L) and, for bfloat16, its values
 // as [L, D] floats.

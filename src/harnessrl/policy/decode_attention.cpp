@@ -25,8 +25,14 @@
 namespace {
 
 using harnessrl::as_float;
+using harnessrl::exp_nonpositive;
+using harnessrl::kLanes;
+using harnessrl::lanes_sum;
+using harnessrl::load;
+using harnessrl::store;
+using harnessrl::vec16;
 
-constexpr int kBlock = 128;
+constexpr int kBlock = 128;  // a multiple of kLanes
 constexpr int kMaxGroup = 8;
 
 
@@ -66,14 +72,14 @@ void attend_one(const float* q, const T* k, const T* v, float* out, int64_t n, i
       float block_max = running_max[g];
       for (int j = 0; j < count; ++j) block_max = std::max(block_max, s[j]);
       const float rescale = std::exp(running_max[g] - block_max);  // 0 for the first block
-      float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-      for (int j = 0; j < count; ++j) {
-        const float e = expf(s[j] - block_max);
-        s[j] = e;
+      for (int j = count; j % kLanes != 0; ++j) s[j] = -std::numeric_limits<float>::infinity();  // exp: 0
+      vec16 sum{};
+      for (int j = 0; j < count; j += kLanes) {
+        const vec16 e = exp_nonpositive(load(s + j) - block_max);
+        store(s + j, e);
         sum += e;
       }
-      running_sum[g] = running_sum[g] * rescale + sum;
+      running_sum[g] = running_sum[g] * rescale + lanes_sum(sum);
       running_max[g] = block_max;
       for (int d = 0; d < D; ++d) acc[g][d] *= rescale;
     }

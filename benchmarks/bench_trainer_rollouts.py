@@ -13,7 +13,10 @@ tiers, ``policy/kv_slab.py``), the engine in lockstep (``deterministic``). ``--v
   joins at the next decode step (``policy/continuous.py``), still deterministic;
 * ``kernel``: the default path, whose decode attention runs the C++ kernel
   (``policy/decode_kernel.py``), against a baseline of the same path with SDPA's decode attention
-  (the default before the kernel).
+  (the default before the kernel);
+* ``prefill-kernel``: the default path, whose prefill attention runs the C++ kernel
+  (``policy/prefill_attention.cpp``), against a baseline of the same path with SDPA's prefill
+  attention (the default before it; decode attention through its kernel on both sides).
 
 ``--free`` runs both sides without lockstep (timing decides the batches). The same policy object
 (same weights, packed layers) runs both, the prefix cache cleared before each run, the runs
@@ -24,9 +27,9 @@ process), generated tokens per wall second, the tokens; then the medians, how ma
 have the same tokens on both sides (sampling: a rounding difference can move a draw, and with
 it the rest of an episode), the ratio of CPU seconds per token and of wall tokens/s (baseline
 over variant, variant over baseline: above 1 means the variant is faster), and ``ratio: X``,
-the variant's headline (CPU for cascade and the kernel, wall for continuous batching).
+the variant's headline (CPU for cascade and the kernels, wall for continuous batching).
 
-    python benchmarks/bench_trainer_rollouts.py [--variant continuous|kernel] [--dtype bfloat16] [--groups 4]
+    python benchmarks/bench_trainer_rollouts.py [--variant continuous|kernel|prefill-kernel] [--dtype bfloat16] [--groups 4]
         [--group-size 4] [--repeats 2]
 """
 
@@ -49,11 +52,13 @@ CONFIGS = ["S0-T0-O0-C0-W0", "S1-T1-O1-C1-W1", "S2-T2-O2-C2-W2", "S0-T1-O2-C0-W2
 
 
 def run(policy: HFPolicy, jobs: list[RolloutJob], sampling: SamplingParams, variant: str | None,
-        deterministic: bool, kernel: object) -> tuple[dict, list]:
+        deterministic: bool, kernels: tuple[object, object]) -> tuple[dict, list]:
     """One run of every job on the default path (``variant`` None), the variant's, or the default
-    path with SDPA's decode attention (``"sdpa-decode"``); returns its figures and tokens."""
+    path with SDPA's decode or prefill attention (``"sdpa-decode"``, ``"sdpa-prefill"``; ``kernels``:
+    the policy's decode and prefill kernels); returns its figures and tokens."""
     policy.cascade_attention = variant == "cascade"
-    policy._decode_kernel = None if variant == "sdpa-decode" else kernel
+    policy._decode_kernel = None if variant == "sdpa-decode" else kernels[0]
+    policy._prefill_kernel = None if variant == "sdpa-prefill" else kernels[1]
     policy.clear_prefix_cache()
     engine = RolloutEngine(policy, max_concurrent=len(jobs), env_workers=4, sampling=sampling,
                            deterministic=deterministic, continuous_batching=variant == "continuous")
@@ -75,7 +80,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", help="the trainer's rollout copy is bfloat16 on CPUs with native bfloat16")
     parser.add_argument("--repeats", type=int, default=2, help="runs per side, interleaved")
     parser.add_argument("--split", default="train")
-    parser.add_argument("--variant", choices=["cascade", "continuous", "kernel"], default="cascade")
+    parser.add_argument("--variant", choices=["cascade", "continuous", "kernel", "prefill-kernel"], default="cascade")
     parser.add_argument("--free", action="store_true", help="both sides without lockstep")
     args = parser.parse_args()
 
@@ -85,9 +90,9 @@ def main() -> None:
         raise SystemExit("cascade attention cannot run here (it needs SDPA and the prefix cache)")
     if args.variant == "continuous" and not policy.supports_continuous:
         raise SystemExit("continuous batching cannot run on this model (a layer without full attention)")
-    kernel = policy._decode_kernel
-    if args.variant == "kernel" and kernel is None:
-        raise SystemExit("the decode-attention kernel cannot run here (see the warning above)")
+    kernels = (policy._decode_kernel, policy._prefill_kernel)
+    if args.variant in ("kernel", "prefill-kernel") and None in kernels:
+        raise SystemExit("the attention kernels cannot run here (see the warning above)")
     limits = HarnessLimits(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens)
     tasks = list(load_suite("workspace").tasks(args.split, limit=args.groups, seed=0))
     jobs = [RolloutJob(task, Harness.named(CONFIGS[i % len(CONFIGS)], limits), seed=1000 * i + j)
@@ -98,14 +103,16 @@ def main() -> None:
           f"variant {args.variant}, {'free' if args.free else 'lockstep'}")
     deterministic = not args.free
     # warm-up: packing, first calls
-    run(policy, jobs[: args.group_size], sampling, None if args.variant == "kernel" else args.variant, deterministic, kernel)
-    sides = {"baseline": "sdpa-decode", "kernel": None} if args.variant == "kernel" else {
+    baselines = {"kernel": "sdpa-decode", "prefill-kernel": "sdpa-prefill"}
+    run(policy, jobs[: args.group_size], sampling, None if args.variant in baselines else args.variant, deterministic,
+        kernels)
+    sides = {"baseline": baselines[args.variant], args.variant: None} if args.variant in baselines else {
         "baseline": None, args.variant: args.variant}
     results: dict[str, list[dict]] = {name: [] for name in sides}
     tokens: dict[str, list] = {}
     for repeat in range(args.repeats):
         for name, variant in sides.items():
-            figures, tokens[name] = run(policy, jobs, sampling, variant, deterministic, kernel)
+            figures, tokens[name] = run(policy, jobs, sampling, variant, deterministic, kernels)
             results[name].append(figures)
             print(f"run {repeat + 1} {name:>10}: {figures['cpu_s_per_token'] * 1e3:7.2f} CPU ms/token  "
                   f"{figures['tokens_per_s']:6.1f} tokens/s wall  {figures['tokens']} tokens  {figures['wall_s']:.1f} s")

@@ -130,14 +130,17 @@ def main() -> None:
                 for side, policy in (("vLLM", vllm), ("HFPolicy", hf)):
                     server_cpu = process_tree_cpu_s(server.process.pid)
                     trajectories, wall, cpu, generated = run_side(policy, jobs, sampling, lambda: process_tree_cpu_s(me))
+                    idle = ""
                     if side == "HFPolicy":  # the idle server's polling is not HFPolicy's
-                        cpu -= process_tree_cpu_s(server.process.pid) - server_cpu
+                        polled = process_tree_cpu_s(server.process.pid) - server_cpu
+                        cpu -= polled
+                        idle = f" (the idle server used {polled:.1f} CPU s meanwhile, not counted)"
                     policy.clear_prefix_cache()  # the next pass starts cold, as after a weight sync
                     memory.release_freed_memory()  # as the trainer after an evaluation
                     walls[side].append(wall)
                     cpus[side].append(cpu)
                     tokens[side], outputs[side] = generated, trajectories
-                    print(f"  {name} {side}: {wall:.1f} s, {generated} tokens, CPU {cpu:.1f} s", flush=True)
+                    print(f"  {name} {side}: {wall:.1f} s, {generated} tokens, CPU {cpu:.1f} s{idle}", flush=True)
             rate = {side: tokens[side] / statistics.median(walls[side]) for side in walls}
             cpu_per_token = {side: statistics.median(cpus[side]) / tokens[side] for side in cpus}
             difference = first_difference(outputs["vLLM"], outputs["HFPolicy"])

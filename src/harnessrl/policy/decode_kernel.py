@@ -3,11 +3,12 @@
 ``HFPolicy`` decodes with one query token per row over its KV slab; SDPA's CPU flash kernel reads
 the keys there at about a third of the memory bandwidth one thread has (docs/benchmarks.md, "The
 quiet run with cold caches"), because the 3 queries that share a key head make GEMM calls too
-small to stream the keys. ``decode_attention.cpp`` reads each row's keys and values once. A request's prefill over its cached
-prefix goes through SDPA under a boolean mask at about half the linear layers' rate;
-``prefill_attention.cpp`` computes it in register tiles of the query heads that share a key head.
+small to stream the keys. ``decode_attention.cpp`` reads each row's keys and values once. A
+request's prefill over its cached prefix goes through SDPA under a boolean mask at about half the
+linear layers' rate; ``prefill_attention.cpp`` computes it in register tiles of the query heads
+that share a key head.
 
-The build (``torch.utils.cpp_extension.load``: a C++ compiler and ninja, about 30 s) is cached in
+The build (``torch.utils.cpp_extension.load``: a C++ compiler and ninja, about 60 s) is cached in
 ``<harnessrl cache>/kernels/<digest>``, the digest naming the source, the flags, torch's version
 and this CPU (the code is compiled with ``-march=native``, so a cache folder shared by machines
 with other CPUs holds one build per CPU). Where it cannot be built the reason is logged once and
@@ -48,9 +49,10 @@ def _cpu_identity() -> str:
 
 
 def build_digest() -> str:
-    """Returns the name of this source's build for this CPU, flags and torch."""
+    """Returns the name of these sources' build for this CPU, flags and torch."""
     digest = hashlib.sha256()
-    for part in (*(source.read_bytes() for source in SOURCES + HEADERS), " ".join(FLAGS).encode(), torch.__version__.encode(), _cpu_identity().encode()):
+    sources = [source.read_bytes() for source in SOURCES + HEADERS]
+    for part in (*sources, " ".join(FLAGS).encode(), torch.__version__.encode(), _cpu_identity().encode()):
         digest.update(part)
         digest.update(b"\0")
     return digest.hexdigest()[:16]
@@ -68,7 +70,8 @@ def decode_kernel() -> Any | None:
         folder.mkdir(parents=True, exist_ok=True)
         if not any(folder.glob("*.so")):
             log.info("building the attention kernels for this CPU into %s (once; about 60 s)", folder)
-        return load(name, [str(source) for source in SOURCES], extra_cflags=list(FLAGS), build_directory=str(folder), verbose=False)
+        return load(name, [str(source) for source in SOURCES], extra_cflags=list(FLAGS), build_directory=str(folder),
+                    verbose=False)
     except Exception as exc:  # no compiler, no ninja, a read-only cache: SDPA stays
         log.warning("the attention kernels could not be built (%s: %s); decode and prefill attention use SDPA",
                     type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
@@ -92,7 +95,7 @@ def select_kernel(wanted: bool | None, fits: bool, setting: str = "decode_kernel
         raise ValueError(
             f"{setting} needs a CPU, float32 or bfloat16 weights, SDPA attention, a head size of "
             f"{'/'.join(map(str, HEAD_SIZES))} and a C++ compiler with ninja (the warning logged "
-            "says what failed); pass decode_kernel=None to choose automatically"
+            f"says what failed); pass {setting}=None to choose automatically"
         )
     return kernel
 

@@ -245,3 +245,27 @@ def test_hf_policy_prefills_the_same_tokens_with_the_kernel(kernel, head64_model
     for x, y in zip(a, b, strict=True):
         assert x.token_ids == y.token_ids
         assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
+
+
+def test_a_runs_attention_kernels_setting_reaches_its_rollouts_and_its_checkpoints(kernel, head64_model, tmp_path):
+    import json
+
+    import transformers
+
+    from harnessrl.policy import make_training_policy
+    from harnessrl.rl.checkpoint import load_checkpoint_policy, save_checkpoint
+    from harnessrl.rl.config import TrainConfig
+
+    assert TrainConfig().attention_kernels is None
+    kept = make_training_policy(str(head64_model), "cpu", torch.float32, attention_kernels=False)
+    used = make_training_policy(str(head64_model), "cpu", torch.float32)
+    assert kept._decode_kernel is None and kept._prefill_kernel is None
+    assert used._decode_kernel is kernel and used._prefill_kernel is kernel
+    run = tmp_path / "run"
+    model = transformers.AutoModelForCausalLM.from_pretrained(head64_model)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(head64_model)
+    save_checkpoint(run, 1, model, tokenizer, torch.optim.SGD(model.parameters(), lr=0.1), None, {})
+    for recorded, expected in ((False, None), (None, kernel)):  # a run recorded before the field: its default
+        (run / "config.json").write_text(json.dumps({"model": str(head64_model), "attention_kernels": recorded}))
+        policy, _ = load_checkpoint_policy(run, device="cpu", dtype="float32")
+        assert policy._decode_kernel is expected and policy._prefill_kernel is expected

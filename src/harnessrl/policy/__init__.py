@@ -54,12 +54,14 @@ def make_policy(spec: str, seed: int = 0, **kwargs: Any) -> Policy:
 def make_training_policy(
     model: str | None, device: str = "auto", dtype: Any = "auto", *,
     server: str | None = None, server_model: str = "embedded", weights_dir: Any = None, cascade_attention: bool = False,
+    attention_kernels: bool | None = None,
 ) -> WeightSyncedPolicy:
     """Returns the policy that rolls out for the trainer (``rl/loop.py``): with ``server`` (a
     vLLM server's ``http://host:port/v1``) a ``ServedTrainingPolicy`` of its model
     ``server_model``, whose weights are synced over HTTP through the folder ``weights_dir``; else an in-process ``HFPolicy`` of
     the local model folder ``model`` (``None`` or ``"embedded"``: the embedded default) on
-    ``device`` with weights in ``dtype`` (``cascade_attention``: see ``HFPolicy``). The trainer
+    ``device`` with weights in ``dtype`` (``cascade_attention``: see ``HFPolicy``; ``attention_kernels``:
+    its ``decode_kernel`` and ``prefill_kernel``). The trainer
     uses only the ``WeightSyncedPolicy`` interface."""
     if server is not None:
         from harnessrl.policy.served import ServedTrainingPolicy
@@ -67,7 +69,8 @@ def make_training_policy(
         return ServedTrainingPolicy(server, server_model, weights_dir)
     from harnessrl.policy.hf import HFPolicy
 
-    return HFPolicy(model, device=device, dtype=dtype, cascade_attention=cascade_attention)
+    return HFPolicy(model, device=device, dtype=dtype, cascade_attention=cascade_attention,
+                    decode_kernel=attention_kernels, prefill_kernel=attention_kernels)
 
 
 __all__ = [

@@ -59,7 +59,8 @@ class Actor:
         rollout_dtype = resolve_rollout_dtype(cfg.dtype, device)
         self.policy = make_training_policy(model_source, cfg.device, rollout_dtype, server=cfg.policy_server,
                                            server_model=cfg.policy_server_model, weights_dir=weights_dir,
-                                           cascade_attention=cfg.cascade_attention)
+                                           cascade_attention=cfg.cascade_attention,
+                                           attention_kernels=cfg.attention_kernels)
         self.model = self.policy.local_model()
         self.autocast_dtype: torch.dtype | None = None  # update_step's default: bf16 on CUDA only
         # The rollout copy is the trained model itself only for full fine-tuning in float32 on one

@@ -363,6 +363,7 @@ def load_checkpoint_policy(
     loads its base model (the run config's ``model``, else the adapter's own record of it)
     and merges the adapter into it (``merge_adapter``: evaluation), or samples through the
     unmerged adapter (``harnessrl serve``: no merged copy of the weights is written or held).
+    The policy attends as the run did (its config's ``attention_kernels``).
     """
     from harnessrl.policy.hf import HFPolicy
 
@@ -372,15 +373,17 @@ def load_checkpoint_policy(
         config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
     model_dir = checkpoint / "model"
     adapter = model_dir / "adapter_config.json"
+    kernels = config.get("attention_kernels")
+    attention = {"decode_kernel": kernels, "prefill_kernel": kernels}
     if not adapter.exists():
-        policy = HFPolicy(str(model_dir), device=device, dtype=dtype)
+        policy = HFPolicy(str(model_dir), device=device, dtype=dtype, **attention)
     else:
         try:
             from peft import PeftModel
         except ImportError:
             raise ValueError(f"{checkpoint} holds a LoRA adapter; loading it needs peft: pip install 'harnessrl[lora]'") from None
         base = config.get("model") or json.loads(adapter.read_text(encoding="utf-8")).get("base_model_name_or_path")
-        policy = HFPolicy(None if base in (None, "embedded") else base, device=device, dtype=dtype)
+        policy = HFPolicy(None if base in (None, "embedded") else base, device=device, dtype=dtype, **attention)
         adapted = PeftModel.from_pretrained(policy.model, str(model_dir))
         policy.model = (adapted.merge_and_unload() if merge_adapter else adapted).eval()
     policy.name = f"checkpoint:{checkpoint.parent.parent.name if run_dir else checkpoint.name}/{checkpoint.name}"

@@ -84,6 +84,13 @@ class TrainConfig(BaseModel):
         "a batch share (a GRPO group's) once per decode step (policy/cascade.py): the same attention up to "
         "rounding, fewer keys and values read",
     )
+    attention_kernels: bool | None = Field(
+        None,
+        description="the in-process policy's C++ decode- and prefill-attention kernels (policy/decode_kernel.py), in "
+        "rollouts and in evaluations of this run's checkpoints: null uses them wherever they fit and build, false "
+        "keeps SDPA (the attention of runs recorded before them; the same attention up to float rounding), true "
+        "fails where they cannot run",
+    )
     continuous_batching: bool = Field(
         EngineOptions.continuous_batching,
         description="in-process rollouts and evaluations run one decode batch that each episode's next request joins "

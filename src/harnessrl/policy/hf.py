@@ -113,7 +113,7 @@ from harnessrl.policy.kv_slab import GROUPED_SDPA, KVSlab
 from harnessrl.policy.merged import sampling_weights
 from harnessrl.policy.packed_linear import PackedLinears, onednn_linear_available
 from harnessrl.policy.prefix_cache import PrefixCache, PrefixCacheStats
-from harnessrl.policy.sampling import effective_temperature, sample_index, top_p_filter
+from harnessrl.policy.sampling import effective_temperature, sample_rows, seeded_generator
 
 # Models are local folders only; make sure no library reaches for a hub. Set before
 # transformers (imported below) loads huggingface_hub, which reads it at import.
@@ -392,12 +392,7 @@ class HFPolicy(WeightSyncedPolicy):
 
     def _generator(self, seed: int | None) -> torch.Generator:
         """Returns a fresh generator on the model's device seeded with ``seed`` (random if None)."""
-        generator = torch.Generator(device=self.device)
-        if seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
-        return generator
+        return seeded_generator(self.device, seed)
 
     def _sample(
         self,
@@ -405,23 +400,8 @@ class HFPolicy(WeightSyncedPolicy):
         params: Sequence[SamplingParams],
         generators: Sequence[torch.Generator],
     ) -> tuple[list[int], list[float]]:
-        """Returns one sampled token per row of ``logits`` (float32, [rows, vocab]) and its
-        log-probability; each row draws from its own generator."""
-        used = [effective_temperature(p.temperature) for p in params]  # 0: greedy
-        temperatures = torch.tensor(
-            [t if t > 0 else 1.0 for t in used], device=logits.device, dtype=logits.dtype
-        )
-        logprobs = torch.log_softmax(logits / temperatures[:, None], dim=-1)
-        chosen: list[torch.Tensor] = []
-        for row, (row_params, generator) in enumerate(zip(params, generators, strict=True)):
-            if used[row] == 0:
-                chosen.append(torch.argmax(logprobs[row]).reshape(1))
-                continue
-            probs = top_p_filter(logprobs[row].exp(), row_params.top_p)
-            chosen.append(sample_index(probs, generator))
-        tokens = torch.cat(chosen)
-        token_logprobs = logprobs.gather(-1, tokens[:, None])[:, 0]
-        return tokens.tolist(), token_logprobs.tolist()
+        """``sampling.sample_rows``: one token per row of ``logits``, each row from its own generator."""
+        return sample_rows(logits, params, generators)
 
     @torch.inference_mode()
     def _generate_batch(

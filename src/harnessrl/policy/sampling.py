@@ -1,10 +1,14 @@
-"""Drawing one token from one row of probabilities: the temperature below which a row is
-greedy, the nucleus filter and one inverse-CDF draw per request generator; numerically safe
-for every accepted value (a row never yields an index outside its vocabulary)."""
+"""Drawing one token per row of logits: the temperature below which a row is greedy, the
+nucleus filter and one inverse-CDF draw per request generator; numerically safe for every
+accepted value (a row never yields an index outside its vocabulary)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+
+from harnessrl.policy.base import SamplingParams
 
 GREEDY_TEMPERATURE = 1e-5
 """A temperature below this samples greedily (argmax, log-probabilities of the raw logits),
@@ -50,3 +54,35 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     outside[..., 0] = False
     sorted_probs = sorted_probs.masked_fill(outside, 0.0)
     return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+
+
+def seeded_generator(device: torch.device | str, seed: int | None) -> torch.Generator:
+    """Returns a fresh generator on ``device`` seeded with ``seed`` (random if None): a
+    request's own stream of draws (``HFPolicy``'s convention)."""
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+    return generator
+
+
+def sample_rows(
+    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator]
+) -> tuple[list[int], list[float]]:
+    """Returns one sampled token per row of ``logits`` (float32, [rows, vocab]) and its
+    log-probability under the row's temperature; row r draws from ``generators[r]`` with
+    ``params[r]`` (greedy rows take the argmax)."""
+    used = [effective_temperature(p.temperature) for p in params]  # 0: greedy
+    temperatures = torch.tensor([t if t > 0 else 1.0 for t in used], device=logits.device, dtype=logits.dtype)
+    logprobs = torch.log_softmax(logits / temperatures[:, None], dim=-1)
+    chosen: list[torch.Tensor] = []
+    for row, (row_params, generator) in enumerate(zip(params, generators, strict=True)):
+        if used[row] == 0:
+            chosen.append(torch.argmax(logprobs[row]).reshape(1))
+            continue
+        probs = top_p_filter(logprobs[row].exp(), row_params.top_p)
+        chosen.append(sample_index(probs, generator))
+    tokens = torch.cat(chosen)
+    token_logprobs = logprobs.gather(-1, tokens[:, None])[:, 0]
+    return tokens.tolist(), token_logprobs.tolist()

@@ -54,15 +54,15 @@ Conventions (what the trainer relies on):
   layers all use full attention are cached (a sliding-window layer keeps only its window);
   others run without it (one left-padded batched prefill into a plain ``DynamicCache``).
   ``cache_stats`` counts requests, hits, reused and prefilled tokens, evictions.
-* **Prefill** runs one request at a time (its uncached suffix only), then all requests decode
-  together in one batch whose KV lives in one preallocated tensor (``policy/kv_slab.py``),
-  written in place each step (a finished request leaves the batch at once). In each decode step every length tier of the
-  batch attends over only the columns its rows fill (``grouped_sdpa_attention``, registered with
-  transformers as ``harnessrl_grouped_sdpa`` and used where the model ran SDPA): the same result
-  as attending over the whole padded width, with fewer keys and values read.
-  On this project's 2-core CPU a batched prefill is no cheaper per token than one request at a
-  time and pays for padding; one row at a time also lets a later request of the same batch
-  reuse the system prompt an earlier one just prefilled.
+* **Prefill and decode.** Prefill runs one request at a time (its uncached suffix, its attention
+  over the cached prefix through ``prefill_attention.cpp`` where that kernel is on), so a later
+  request of the batch reuses the system prompt an earlier one just prefilled; on this project's
+  2-core CPU a padded batched prefill was no cheaper per token. Then all requests decode together,
+  their KV in one preallocated tensor written in place (``policy/kv_slab.py``; a finished row
+  leaves at once), each row's attention reading only the columns it fills: through
+  ``decode_attention.cpp`` where it fits, else SDPA per length tier (``grouped_sdpa_attention``,
+  registered with transformers as ``harnessrl_grouped_sdpa``), or cascade attention over shared
+  prefixes where that is on (``cascade_attention``). Each is the same function up to rounding.
 * **Errors.** A request that cannot run (``policy.base.request_problem``: empty prompt, prompt
   that fills the context, ids outside the vocabulary, invalid sampling parameters) and every
   request of a batch whose generation raised come back as

@@ -33,27 +33,20 @@ Conventions (what the trainer relies on):
   tokens, or when prompt plus completion fill the model's context (``length``). An empty
   ``stop_token_ids`` means no stop token: pass ``tokenizer.stop_token_ids`` to stop at the
   end of the assistant message.
-* **Prefix KV cache.** The keys and values of finished requests (prompt and completion) stay
-  in a radix tree over token ids (``policy/prefix_cache.py``), bounded to
-  ``max_prefix_cache_tokens`` tokens (LRU; ``0`` turns it off). A new prompt looks up its longest
-  cached prefix and only the rest goes through the model: the next turn of an episode usually
-  extends the previous prompt and completion (the chat renderer reuses sampled ids verbatim),
-  and episodes of one harness configuration share whatever opening their prompts have in common
-  (system prompt, tool manual; also every rollout of a GRPO group's first turn). At least
-  the last prompt token is always recomputed, for its logits. The cached keys already carry
-  their rotary position, so a row's prefix is copied into the batch as is: rows are left-padded
-  to one width, the pads are masked out, and each row gets its true ``position_ids``. Cached and
-  uncached runs therefore compute the same function; in float32 they agree up to float
-  rounding of the prefill's chunking (the tests pin equal tokens and log-probs within 1e-4).
-  Cached KV belongs to the weights it was computed with: call ``clear_prefix_cache()`` after
-  changing the weights (the trainer does after every RL and SFT optimizer step and after
-  wrapping a LoRA adapter; a policy loaded from a checkpoint starts with an empty cache).
-  As a safety net the cache also drops itself when it sees another model object or a parameter
-  whose in-place version counter moved (``optimizer.step()``, ``load_state_dict``); writes
-  through ``param.data`` do not move that counter, hence the explicit call. Only models whose
-  layers all use full attention are cached (a sliding-window layer keeps only its window);
-  others run without it (one left-padded batched prefill into a plain ``DynamicCache``).
-  ``cache_stats`` counts requests, hits, reused and prefilled tokens, evictions.
+* **Prefix KV cache.** The KV of finished requests (prompt and completion) stays in a radix
+  tree over token ids (``policy/prefix_cache.py``: what it reuses, its LRU bound
+  ``max_prefix_cache_tokens``; ``0`` turns it off); a new prompt prefills only what follows its
+  longest cached prefix, and at least its last token, for its logits. Cached keys carry their
+  rotary position, so a row's prefix is copied into the batch as is (rows left-padded to one
+  width, pads masked, each row its true ``position_ids``): cached and uncached runs compute the
+  same function, in float32 up to the prefill's chunking (tests: equal tokens, log-probs within
+  1e-4). Cached KV belongs to the weights it was computed with: call ``clear_prefix_cache()``
+  after changing them (the trainer does after every optimizer step and after wrapping a LoRA
+  adapter). As a safety net the cache drops itself when it sees another model object or a
+  parameter whose in-place version counter moved (``optimizer.step()``, ``load_state_dict``;
+  writes through ``param.data`` do not move it). Models with a sliding-window layer run without
+  it (one left-padded batched prefill into a plain ``DynamicCache``). ``cache_stats`` counts
+  requests, hits, reused and prefilled tokens, evictions.
 * **Prefill and decode.** Prefill runs one request at a time (its uncached suffix, its attention
   over the cached prefix through ``prefill_attention.cpp`` where that kernel is on), so a later
   request of the batch reuses the system prompt an earlier one just prefilled; on this project's
@@ -495,17 +488,7 @@ class HFPolicy(WeightSyncedPolicy):
             if slab is not None and self._grouped_attention:
                 # Columns each row fills once this step's token is in: rows are right-aligned.
                 fed = attention_mask.shape[1] - width
-                lengths = [prompt_lengths[row] + fed for row in active]
-                if cascade is not None:
-                    group_of, shared = cascade
-                    extra["harnessrl_cascade"] = decode_blocks(
-                        lengths, [group_of[row] for row in active], shared,
-                        [width - prompt_lengths[row] for row in active],
-                    )
-                elif self._decode_kernel is not None:
-                    extra.update(decode_arguments(self._decode_kernel, lengths))
-                elif len(groups := row_groups(lengths)) > 1:
-                    extra["harnessrl_row_groups"] = groups
+                extra.update(self._decode_attention(active, prompt_lengths, width, fed, cascade))
             outputs = self.model(
                 input_ids=next_input,
                 attention_mask=attention_mask,
@@ -519,6 +502,24 @@ class HFPolicy(WeightSyncedPolicy):
             Generation(token_ids[row], token_logprobs[row], finish_reasons[row])
             for row in range(rows)
         ]
+
+    def _decode_attention(
+        self, active: list[int], prompt_lengths: list[int], width: int, fed: int,
+        cascade: tuple[list[int], list[int]] | None,
+    ) -> dict[str, Any]:
+        """Returns the forward's attention arguments of a decode step over the slab after ``fed``
+        tokens: the request rows ``active`` are right-aligned in ``width`` prompt columns, so each
+        fills its prompt's length plus ``fed`` columns. Cascade blocks where ``cascade`` (each
+        row's group, each group's shared prefix), else the decode kernel's, else SDPA's tiers."""
+        lengths = [prompt_lengths[row] + fed for row in active]
+        if cascade is not None:
+            group_of, shared = cascade
+            starts = [width - prompt_lengths[row] for row in active]
+            return {"harnessrl_cascade": decode_blocks(lengths, [group_of[row] for row in active], shared, starts)}
+        if self._decode_kernel is not None:
+            return decode_arguments(self._decode_kernel, lengths)
+        groups = row_groups(lengths)
+        return {"harnessrl_row_groups": groups} if len(groups) > 1 else {}
 
     def _new_slab(self, rows: int, capacity: int, length: int) -> KVSlab:
         """Returns an uninitialized KV slab for ``rows`` x ``capacity`` tokens that counts

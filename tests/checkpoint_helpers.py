@@ -22,6 +22,7 @@ from harnessrl.rl.checkpoint import (
     latest_checkpoint,
     load_training_state,
     recover_checkpoints,
+    restate_checkpoint,
     save_checkpoint,
 )
 
@@ -61,9 +62,15 @@ def save_step(run_dir: Path, step: int, model: Any, optimizer: Any, scheduler: A
     save_checkpoint(run_dir, step, model, None, optimizer, scheduler, state, keep=2)
 
 
+def restate_step(run_dir: Path, step: int) -> None:
+    """The final evaluation's record: checkpoint ``step``'s trainer state rewritten alone."""
+    restate_checkpoint(run_dir, step, {"step": step, "resaved": True})
+
+
 def save_forever(run_dir: str, acks: Any) -> None:
     """The child: resumes from the run's latest checkpoint (as `--resume` does), then saves
-    step after step, each twice, acknowledging every save that returned."""
+    step after step, each followed by its trainer state alone rewritten (as after a final
+    evaluation), acknowledging every save that returned."""
     run = Path(run_dir)
     model = small_model()
     optimizer, scheduler = training_objects(model)
@@ -77,7 +84,7 @@ def save_forever(run_dir: str, acks: Any) -> None:
         step += 1
         save_step(run, step, model, optimizer, scheduler, resaved=False)
         acks.send(("saved", step, False))
-        save_step(run, step, model, optimizer, scheduler, resaved=True)
+        restate_step(run, step)
         acks.send(("saved", step, True))
 
 

@@ -1,7 +1,7 @@
 """Checkpoints survive being killed anywhere in the save path: SIGKILL at seeded random
-moments of a process that saves in a loop, a simulated death at every file operation of a
-save, and a real `harnessrl train` killed during its final save; every time the run resumes
-from its last complete checkpoint, on the same schedule."""
+moments of a process that saves (and restates) in a loop, a simulated death at every file
+operation of a save and of a restate, and a real `harnessrl train` killed during its final
+evaluation; every time the run resumes from its last complete checkpoint, on the same schedule."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is insta
 from checkpoint_helpers import (  # noqa: E402
     check_loadable,
     kill_train_when,
+    restate_step,
     save_forever,
     save_step,
     small_model,
@@ -97,7 +98,7 @@ class SimulatedDeath(BaseException):
 
 
 FILE_OPERATIONS = [(os, "replace"), (os, "rename"), (os, "unlink"), (os, "rmdir"), (os, "mkdir"), (os, "fsync"),
-                   (torch, "save"), (shutil, "rmtree")]
+                   (os, "link"), (torch, "save"), (shutil, "rmtree")]
 
 
 def test_a_death_at_every_file_operation_of_a_save_leaves_a_complete_checkpoint(tmp_path, monkeypatch):
@@ -130,10 +131,11 @@ def test_a_death_at_every_file_operation_of_a_save_leaves_a_complete_checkpoint(
             for module, name in FILE_OPERATIONS:
                 patch.setattr(module, name, counting(module, name))
             try:
-                # A new step, its re-save (the final save), and the next step (pruning step 1).
+                # A new step, its trainer state restated (the final evaluation's record), and the
+                # next step (pruning step 1).
                 save_step(run_dir, 2, model, optimizer, scheduler, resaved=False)
                 completed = (2, False)
-                save_step(run_dir, 2, model, optimizer, scheduler, resaved=True)
+                restate_step(run_dir, 2)
                 completed = (2, True)
                 save_step(run_dir, 3, model, optimizer, scheduler, resaved=False)
                 completed = (3, False)
@@ -174,16 +176,19 @@ def test_latest_checkpoint_needs_the_weights_and_reports_stranded_copies(tmp_pat
     assert check_loadable(root / "step-000002")["step"] == 2
 
 
-def test_train_killed_during_its_final_save_resumes_on_the_same_schedule(tiny_model, tmp_path):
+def test_train_killed_during_its_final_evaluation_resumes_on_the_same_schedule(tiny_model, tmp_path):
     from test_train_loop import tiny_overrides
 
     run_dir = tmp_path / "killed"
     config_file = write_run_config(tmp_path / "run.yaml", tiny_overrides(tiny_model, run_dir, 2))
     env = train_env(OMP_NUM_THREADS="1")
     root = run_dir / "checkpoints"
-    # The last step is saved, then saved again after the final evaluation: kill in that re-save.
-    kill_train_when(config_file, run_dir, lambda: (root / "step-000002").exists() and (root / ".tmp-step-000002").exists(),
-                    env=env, poll_s=0.002, deadline_s=900)
+    # The last step is saved, then the final evaluation runs (without the optimizer) and its
+    # record is written into that checkpoint's trainer state: kill before the record exists.
+    kill_train_when(config_file, run_dir, lambda: (root / "step-000002" / "manifest.json").exists()
+                    and not (run_dir / "eval" / "final.jsonl").exists(), env=env, poll_s=0.002, deadline_s=900)
+    killed = json.loads((root / "step-000002" / "trainer_state.json").read_text())
+    assert "final_eval" not in killed
     before = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in before] == [0, 1]
     first_sitting = json.loads((root / "step-000002" / "trainer_state.json").read_text())["wall_time_s"]

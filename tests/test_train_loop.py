@@ -246,6 +246,40 @@ def test_a_finished_run_releases_its_master_copy_and_optimizer_state_for_evaluat
     assert trainer.policy.generate([request])[0].token_ids == before
 
 
+def test_the_final_evaluation_runs_without_the_optimizer_and_records_into_the_last_checkpoint(
+        tiny_model, tmp_path, monkeypatch):
+    """After the last step the run frees its optimizer and float32 master copy before the final
+    evaluation (its peak memory otherwise), then writes the evaluation into the last checkpoint's
+    trainer state alone: the weights and optimizer files stay the ones the step saved (the same
+    files, linked), and a resume loads them and finds the evaluation."""
+    from harnessrl.rl.checkpoint import checkpoint_is_complete
+
+    run_dir = tmp_path / "bf16"
+    cfg = load_config(preset="quick", overrides=tiny_overrides(tiny_model, run_dir, 1) | {"dtype": "bfloat16"})
+    last = run_dir / "checkpoints" / "step-000001"
+    seen: dict[str, tuple[bool, bool, int | None]] = {}
+    real_evaluate = Trainer.evaluate
+
+    def spy(self, label):
+        files = [last / "model" / "model.safetensors", last / "optim.pt"]
+        inodes = tuple(f.stat().st_ino for f in files) if last.exists() else None
+        seen[label] = (self.actor.optimizer is None, self.actor.model is None, inodes)
+        return real_evaluate(self, label)
+
+    monkeypatch.setattr(Trainer, "evaluate", spy)
+    train(cfg, log=lambda m: None)
+    assert seen["base"][:2] == (False, False)
+    assert seen["final"][:2] == (True, True)  # the optimizer's moments and the master copy are gone
+    assert checkpoint_is_complete(last)
+    assert tuple(f.stat().st_ino for f in [last / "model" / "model.safetensors", last / "optim.pt"]) == seen["final"][2]
+    state = json.loads((last / "trainer_state.json").read_text())
+    assert state["final_eval_step"] == 1 and state["final_eval"] and state["wall_time_s"] > 0
+    monkeypatch.setattr(Trainer, "evaluate", real_evaluate)
+    resumed = Trainer(load_config(preset="quick", overrides=tiny_overrides(tiny_model, run_dir, 2) | {"dtype": "bfloat16"}),
+                      resume=True, log=lambda m: None)
+    assert resumed.state["step"] == 1 and resumed.state["final_eval_step"] == 1  # and it loaded optim.pt
+
+
 def test_bf16_rollouts_keep_float32_master_weights_in_sync(tiny_model, tmp_path):
     """dtype=bfloat16: the optimizer owns float32 master weights, the policy samples from a
     bfloat16 copy, and every optimizer step copies the master into it."""

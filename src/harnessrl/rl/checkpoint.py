@@ -2,10 +2,12 @@
 
 A checkpoint is a folder ``step-000042``. It is written as ``.tmp-step-000042`` (every file
 fsynced, ``manifest.json`` listing each file and its size written last), then renamed into
-place. Saving a step that already exists (the final save after the last evaluation) first
-renames the old folder to ``.old-step-000042``, then the new one into place, then removes
-the old one: at every moment one complete copy exists, so a run killed with SIGKILL anywhere
-in the save path keeps its last complete checkpoint. ``latest_checkpoint`` only returns a
+place. Saving a step that already exists first renames the old folder to
+``.old-step-000042``, then the new one into place, then removes the old one: at every
+moment one complete copy exists, so a run killed with SIGKILL anywhere in the save path
+keeps its last complete checkpoint. ``restate_checkpoint`` (the final evaluation's record,
+written after the optimizer is gone) places a new trainer state the same way, its other
+files hard links to the checkpoint's. ``latest_checkpoint`` only returns a
 folder that holds every file the loader needs, and considers a complete copy stranded in a
 ``.tmp-``/``.old-`` folder; ``recover_checkpoints`` (run by a resuming trainer, the folder's
 only writer) moves such a copy into place and removes what is incomplete or superseded.
@@ -155,16 +157,56 @@ def save_checkpoint(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a full disk keeps the space it had, not half a checkpoint
         raise
+    _place(tmp, final, old)
+    _prune(root, keep)
+    return final
+
+
+def restate_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any]) -> Path:
+    """Replaces the trainer state of the placed checkpoint ``step`` with ``state`` and returns
+    its path. Needs neither the model nor the optimizer (the final evaluation's record, written
+    after `Actor.release_training_state`): the new copy's other files are hard links to the
+    checkpoint's (copies where the file system has none), and it is placed as `save_checkpoint`
+    places one, so a death anywhere leaves one complete checkpoint of ``step``."""
+    root = Path(run_dir) / "checkpoints"
+    name = f"step-{step:06d}"
+    final, tmp, old = root / name, root / f".tmp-{name}", root / f".old-{name}"
+    if not checkpoint_is_complete(final):
+        raise FileNotFoundError(f"no complete checkpoint {final} to record the trainer state in")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        for source in sorted(final.rglob("*")):
+            relative = source.relative_to(final)
+            if source.is_dir() or relative.as_posix() in (STATE_FILE, MANIFEST_FILE):
+                continue
+            (tmp / relative).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(source, tmp / relative)
+            except OSError:
+                shutil.copy2(source, tmp / relative)
+        (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2), encoding="utf-8")
+        _write_synced(tmp / MANIFEST_FILE, json.dumps({"step": step, "files": _manifest(tmp)}, indent=2))
+        _fsync(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _place(tmp, final, old)
+    return final
+
+
+def _place(tmp: Path, final: Path, old: Path) -> None:
+    """Renames the complete copy ``tmp`` to ``final``, an existing ``final`` first to ``old``
+    (removed last), so that one complete copy exists at every moment."""
     if final.exists():
         if old.exists():
             shutil.rmtree(old)  # superseded long ago: ``final`` is complete
         os.rename(final, old)
     os.rename(tmp, final)
-    _fsync(root)
+    _fsync(final.parent)
     if old.exists():
         shutil.rmtree(old)
-    _prune(root, keep)
-    return final
 
 
 def _placed(root: Path) -> list[tuple[int, Path]]:

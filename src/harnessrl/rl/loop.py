@@ -11,6 +11,8 @@
 
 Before step 0 the untrained policy is evaluated (for the summary) and, optionally, warm
 started by SFT on oracle demonstrations rendered under the training harnesses (rl/sft.py).
+After the last step the optimizer and any master copy are released, the final evaluation
+runs, and its record goes into the last checkpoint's trainer state alone.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from harnessrl.rl.actor import Actor
 from harnessrl.rl.advantages import no_signal_fraction
 from harnessrl.rl.algorithms import algorithm_of, group_advantages
 from harnessrl.rl.blackbox import AgentRollouts, rollout_cost
-from harnessrl.rl.checkpoint import disk_full_error, prepare_run_dir
+from harnessrl.rl.checkpoint import disk_full_error, prepare_run_dir, restate_checkpoint
 from harnessrl.rl.config import TrainConfig
 from harnessrl.rl.distributed import DataParallel
 from harnessrl.rl.evaluation import eval_sets, evaluate_run
@@ -125,8 +127,8 @@ class Trainer:
         self.source.close()
 
     def release_training_state(self) -> None:
-        """Drops the optimizer state and any master copy of the weights (``Actor.release_training_state``)
-        once ``run`` is over and only ``policy`` is used; the trainer cannot step after it."""
+        """Drops the optimizer state and any master copy of the weights (``Actor.release_training_state``):
+        ``run`` does before its final evaluation; the trainer cannot step or save after it."""
         self.actor.release_training_state()
 
     # -- evaluation -------------------------------------------------------------------------
@@ -218,14 +220,19 @@ class Trainer:
         append_text(self.metrics_path, json.dumps(record) + "\n")  # a whole line or none
         self.tracker.log_step(record)
 
-    def checkpoint(self, step: int) -> None:
+    def checkpoint(self, step: int, *, state_only: bool = False) -> None:
+        """Saves checkpoint ``step``; ``state_only`` rewrites only the trainer state of the
+        placed one (``rl.checkpoint.restate_checkpoint``: no model or optimizer needed)."""
         if self.rescue is not None:
             self.state["rescue"] = self.rescue.state_dict()
         if self.cfg.frontier or self.cfg.dynamic_sampling_rounds:
             self.state["sampler"] = self.sampler.state_dict()
         # The run's wall time over every sitting so far (a resumed run adds this sitting's).
         self.state["wall_time_s"] = round(self.wall_time_before + time.monotonic() - self.sitting_started, 1)
-        self.actor.save(self.run_dir, step, self.state, self.main)
+        if not state_only:
+            self.actor.save(self.run_dir, step, self.state, self.main)
+        elif self.main:
+            restate_checkpoint(self.run_dir, step, self.state)
         if self.parallel is not None:
             self.parallel.barrier()
 
@@ -271,11 +278,15 @@ class Trainer:
             self.state["final_anchor_step"] = cfg.steps
             self.checkpoint(cfg.steps)
         self.close()
+        # No step or full save is left: the final evaluation runs without the optimizer's
+        # moments and the master copy (the run's peak memory otherwise), and its record goes
+        # into the last checkpoint's trainer state alone.
+        self.release_training_state()
         final = self.state.get("final_eval")
         if final is None or self.state.get("final_eval_step") != cfg.steps:
             final = self.evaluate("final")
             self.state.update({"final_eval": final, "final_eval_step": cfg.steps})
-            self.checkpoint(cfg.steps)
+            self.checkpoint(cfg.steps, state_only=True)
         summary = self.summary()
         if not self.main:
             return summary

@@ -3,9 +3,17 @@
 import itertools
 from math import comb
 
+import numpy as np
 import pytest
 
-from harnessrl.eval.metrics import avg_at_k, bootstrap_ci, paired_comparison, pass_at_k, sign_test
+from harnessrl.eval.metrics import (
+    avg_at_k,
+    bootstrap_ci,
+    paired_comparison,
+    pass_at_k,
+    resolvable_difference,
+    sign_test,
+)
 
 
 @pytest.mark.parametrize(("n", "c", "k"), [(5, 0, 1), (5, 1, 1), (5, 2, 3), (10, 3, 5), (4, 4, 2), (8, 7, 2)])
@@ -66,3 +74,32 @@ def test_paired_comparison_uses_only_shared_units_and_counts_wins_losses_ties():
     # identical arms: no difference, an interval of zero width, p = 1
     same = paired_comparison(ref, ref)
     assert same["difference"] == 0.0 and same["difference_ci"] == [0.0, 0.0] and same["sign_test_p"] == 1.0
+    assert same["resolvable"] is None  # no unit differs: no spread to scale from
+    assert out["resolvable"] == pytest.approx(resolvable_difference([1.0, 0.0, -1.0, 0.5]))
+
+
+def test_resolvable_difference_is_what_the_paired_test_detects_at_its_power():
+    """Paired binary units, 9 won and 9 lost of 192 (issue 31's single-H0 against the control):
+    the smallest difference resolved is 2.80 sd / sqrt(n); simulated arms whose true difference is
+    that size are told apart by the paired test about 80% of the time, half that size far less."""
+    observed = [1.0] * 9 + [-1.0] * 9 + [0.0] * 174
+    resolvable = resolvable_difference(observed)
+    sd = (18 / 191) ** 0.5  # the differences' sample standard deviation (mean 0)
+    assert resolvable == pytest.approx(2.8016 * sd / 192**0.5, rel=1e-3)
+    assert resolvable_difference(observed * 4) == pytest.approx(resolvable / 2, rel=0.01)  # 4x the units
+    assert resolvable_difference(observed, power=0.5) < resolvable < resolvable_difference(observed, alpha=0.01)
+
+    rng = np.random.default_rng(7)
+
+    def detected(effect: float) -> float:
+        # Each unit differs (by +1 or -1) with the observed share; the signs' balance gives the effect.
+        share = 18 / 192
+        units = rng.random((4000, 192))
+        wins = units < share * (1 + effect / share) / 2
+        losses = (units >= share * (1 + effect / share) / 2) & (units < share)
+        diffs = wins.astype(float) - losses
+        z = diffs.mean(axis=1) / (diffs.std(axis=1, ddof=1) / 192**0.5 + 1e-12)
+        return float(np.mean(np.abs(z) > 1.96))
+
+    assert 0.74 <= detected(resolvable) <= 0.86
+    assert detected(resolvable / 2) < 0.4

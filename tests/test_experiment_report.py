@@ -322,6 +322,7 @@ def test_shared_warm_start_sft_only_control_and_paired_tests(tmp_path, tiny_mode
         for cell in paired.values():
             assert cell["wins"] + cell["losses"] + cell["ties"] == cell["units"]
             assert 0.0 <= cell["sign_test_p"] <= 1.0
+            assert cell["resolvable"] is None or cell["resolvable"] > 0
         assert paired["in_space"]["difference"] == pytest.approx(arms[name]["in_space"] - arms["single"]["in_space"])
         # the same pairs split by task family add up to the whole
         families = arms[name]["paired_by_family"]
@@ -377,7 +378,14 @@ def test_shared_warm_start_sft_only_control_and_paired_tests(tmp_path, tiny_mode
 def test_paired_comparison_per_task_family_shows_a_trade_the_overall_difference_hides():
     """An arm that wins every search unit and loses as many text units ties overall; per family
     the trade shows, and each family's pairs keep their own counts."""
-    from harnessrl.experiment.compare import paired_by_family, split_rows, task_families
+    from harnessrl.eval.metrics import paired_comparison
+    from harnessrl.eval.report import pct_ci
+    from harnessrl.experiment.compare import (
+        paired_by_family,
+        paired_rows,
+        split_rows,
+        task_families,
+    )
 
     search, text = "ws-test-search-2-0", "ws-test-text-4-0"
     families = task_families("workspace", {search, text, "ws-test-nosuchfamily-1-0"})
@@ -395,6 +403,13 @@ def test_paired_comparison_per_task_family_shows_a_trade_the_overall_difference_
     headers, rows = split_rows({"arms": [{"arm": "rl", "paired_by_family": split}]})
     assert [row[:2] for row in rows] == [["rl", "search"], ["rl", "text"]]
     assert rows[0][headers.index("won/lost")] == "3/0" and rows[1][headers.index("won/lost")] == "0/3"
+    # The overall table: 3 won and 3 lost of 6 tie at 0.0, with the difference these units resolve.
+    whole = paired_comparison(arm, control)
+    assert whole["difference"] == 0.0 and whole["resolvable"] == pytest.approx(2.8016 * 0.5477 / 6**0.5, rel=1e-3)
+    headers, rows = paired_rows({"arms": [{"arm": "rl", "paired": {"in_space": whole}}]})
+    assert headers[1:6] == ["in-space diff", "paired 95% CI", "won/lost", "sign p", "resolvable"]
+    assert rows[0][1:6] == ["+0.0", pct_ci(whole["difference_ci"]), "3/3", "1.000", "±62.6"]
+    assert rows[0][6:11] == ["-"] * 5  # no out-of-space units
 
 
 def test_report_command_rebuilds_an_experiment_report(tmp_path, tiny_model):

@@ -1,9 +1,10 @@
-"""Pass@k (unbiased, Chen et al. 2021), Avg@k and bootstrap confidence intervals."""
+"""Pass@k (unbiased, Chen et al. 2021), Avg@k, bootstrap confidence intervals and paired tests."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from math import comb
+from math import comb, sqrt
+from statistics import NormalDist
 
 import numpy as np
 
@@ -98,10 +99,25 @@ def sign_test(wins: int, losses: int) -> float:
     return min(1.0, 2 * tail)
 
 
+def resolvable_difference(differences: Sequence[float], power: float = 0.8, alpha: float = 0.05) -> float | None:
+    """Returns the smallest true mean difference that this many paired units, with the spread
+    of differences observed, detect with probability ``power`` in a two-sided test at level
+    ``alpha``: (z(1 - alpha/2) + z(power)) * sd / sqrt(n), the normal approximation of the
+    paired test (2.80 sd / sqrt(n) at the defaults). What a comparison that did not resolve
+    could have resolved; None with fewer than 2 units or no unit that differs (no spread to
+    scale from)."""
+    data = np.asarray(differences, dtype=float)
+    if data.size < 2 or not np.any(data):
+        return None
+    z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
+    return float(z * data.std(ddof=1) / sqrt(data.size))
+
+
 def paired_comparison(arm: dict[object, float], reference: dict[object, float], seed: int = 0) -> dict[str, object]:
     """Returns the paired comparison of two arms' per-unit scores (unit -> Pass@1 of that
     unit), on the units both have: the mean difference, its paired bootstrap interval, the
-    units won, lost and tied, and the sign-test p-value."""
+    units won, lost and tied, the sign-test p-value, and the difference these units resolve
+    (``resolvable_difference``)."""
     units = sorted(set(arm) & set(reference), key=repr)
     diffs = [arm[u] - reference[u] for u in units]
     wins, losses = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
@@ -111,4 +127,5 @@ def paired_comparison(arm: dict[object, float], reference: dict[object, float], 
         "difference_ci": list(paired_bootstrap_ci(diffs, seed=seed)) if diffs else None,
         "wins": int(wins), "losses": int(losses), "ties": len(units) - int(wins) - int(losses),
         "sign_test_p": sign_test(int(wins), int(losses)),
+        "resolvable": resolvable_difference(diffs),
     }

@@ -338,12 +338,13 @@ def comparison_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]
 def paired_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Returns the paired table against the reference arm: per arm and evaluation side, the
     mean difference in Pass@1 on the shared units with its paired 95% interval, units won /
-    lost, and the sign-test p-value; plus the tokens the arm's training sampled."""
-    from harnessrl.eval.report import pct_ci, signed
+    lost, the sign-test p-value and the difference those units resolve (80% power); plus the
+    tokens the arm's training sampled."""
+    from harnessrl.eval.report import pct, pct_ci, signed
 
     headers = ["arm"]
     for side in ("in-space", "out-of-space", "all"):
-        headers += [f"{side} diff", "paired 95% CI", "won/lost", "sign p"]
+        headers += [f"{side} diff", "paired 95% CI", "won/lost", "sign p", "resolvable"]
     headers += ["sampled tokens (training)"]
     rows = []
     for r in result["arms"]:
@@ -353,10 +354,11 @@ def paired_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         for group in ("in_space", "out_of_space", "all"):
             cell = r["paired"].get(group) or {}
             if not cell.get("units"):
-                row += ["-", "-", "-", "-"]
+                row += ["-", "-", "-", "-", "-"]
                 continue
+            resolvable = cell.get("resolvable")  # absent from results compared before it existed
             row += [signed(cell["difference"]), pct_ci(cell["difference_ci"]), f"{cell['wins']}/{cell['losses']}",
-                    f"{cell['sign_test_p']:.3f}"]
+                    f"{cell['sign_test_p']:.3f}", f"±{pct(resolvable)}" if resolvable is not None else "-"]
         tokens = (r.get("rollouts") or {}).get("tokens_generated")
         row.append(f"{tokens:.0f}" if tokens is not None else "-")
         rows.append(row)
@@ -393,7 +395,9 @@ def sections(result: dict[str, Any]) -> list[tuple[str, str, tuple[list[str], li
     ref = result["reference"]
     return [
         (f"Paired against {ref}", f"Paired against {ref} on the same (seed, task, harness) units: the difference "
-         "in Pass@1 points, its paired bootstrap interval, units won / lost, and the exact sign test.",
+         "in Pass@1 points, its paired bootstrap interval, units won / lost, the exact sign test, and the "
+         "smallest difference these units resolve (80% power, two-sided 5%, from the spread of the differences "
+         "observed): a direction that did not resolve was smaller than that, or needs more units.",
          paired_rows(result)),
         (f"Paired against {ref}, per seed", "The same pairs per seed (each seed has its own warm start, and every "
          "arm of a seed continues it).", split_rows(result, "paired_by_seed", "seed")),

@@ -133,6 +133,10 @@ def test_the_paper_and_cpu_experiments_load_with_the_papers_arms():
     assert arms["sft-only"].control == "sft-only" and all(a.rescue in (None, "none") for a in cpu.arms)
     assert cpu.warm_start["sft_warm_start_steps"] > 0 and len(cpu.seeds) == 2 and cpu.reference == "single-H0"
     assert cpu.eval.held_out * cpu.eval.tasks >= 96 and 2 * cpu.eval.tasks >= 24  # episodes per arm and seed
+    # the directions beside the reference: RL over the control, the design, the pairing
+    assert ("orthogonal-18", "sft-only") in cpu.contrasts and ("orthogonal-18", "random-18") in cpu.contrasts
+    assert ("orthogonal-18", "orthogonal-18-k1") in cpu.contrasts and ("orthogonal-18", "orthogonal-K1") in paper.contrasts
+    assert ("harness-s-space", "grpo-h0-rescue") in load_experiment(CONFIGS / "harness_s_cpu.yaml").contrasts
     # the papers' directions re-measured on RL that learns: cpu_learn.yaml's setting, unchanged
     learn = load_experiment(CONFIGS / "cpu_learn.yaml")
     assert cpu.base == learn.base and cpu.warm_start == learn.warm_start and cpu.eval == learn.eval
@@ -182,6 +186,8 @@ def test_the_learning_experiment_runs_the_frontier_against_the_sft_only_control(
     (GOOD.replace("base: {preset: quick}", "base: {preset: quick, seed: 3}"), r"base\.seed: set by the experiment"),
     (GOOD.replace("base: {preset: quick}", "base: {preset: quick, stepz: 3}"), r"(?s)arm 'single'.*field base\.stepz: unknown field; valid fields are"),
     (GOOD + "reference: nope\n", r"field reference: 'nope' is not an arm"),
+    (GOOD + "contrasts: [[oa, nope]]\n", r"field contrasts\.0: 'nope' is not an arm; name two of single, oa"),
+    (GOOD + "contrasts: [[oa, single], [oa, oa]]\n", r"field contrasts\.1: an arm against itself"),
     (GOOD.replace("pairing: repeat, k: 2", "k: 2"), r"field k: K=2 with neighbour pairing needs 2.*pairing: repeat"),
     (GOOD.replace("name: oa", "name: single"), "arm names repeat"),
     (GOOD + "colour: red\n", r"field colour: unknown field"),
@@ -279,6 +285,7 @@ def test_shared_warm_start_sft_only_control_and_paired_tests(tmp_path, tiny_mode
     text = tiny_experiment(tmp_path, tiny_model).read_text().replace("  sft_warm_start_steps: 1\n", "")
     text = text.replace("seeds: [5]", "seeds: [5, 6]\nwarm_start: {design: orthogonal, sft_warm_start_steps: 1}")
     text += "  - {name: sft-only, control: sft-only}\n"
+    text = text.replace("arms:\n", "contrasts: [[oa, sft-only]]\narms:\n")
     spec = load_experiment(write(tmp_path, text))
     out = tmp_path / "out"
     lines = []
@@ -351,7 +358,14 @@ def test_shared_warm_start_sft_only_control_and_paired_tests(tmp_path, tiny_mode
             assert entry["warm_start_moved"] == pytest.approx(movement(warm, tiny_model), rel=1e-4)
             assert entry["warm_start_moved"] > 0
             assert entry["reward"] is None and entry["same_tasks"] is None  # one RL step: no first and last part
+    # the contrast beside the reference: oa against the control on the same units
+    (contrast,) = result["contrasts"]
+    assert (contrast["arm"], contrast["against"]) == ("oa", "sft-only")
+    assert contrast["paired"]["in_space"]["units"] == 4 and contrast["paired"]["all"]["units"] == 6
+    assert contrast["paired"]["in_space"]["difference"] == pytest.approx(arms["oa"]["in_space"] - arms["sft-only"]["in_space"])
+    assert sum(c["in_space"]["units"] for c in contrast["paired_by_seed"].values()) == 4
     table = (out / "comparison.md").read_text()
+    assert "## Contrasts" in table and "| oa - sft-only | " in table and "| oa - sft-only | seed 6 |" in table
     assert "What RL taught each run" in table
     assert "Paired against single" in table and "| sft-only | SFT-only control |" in table
     assert "The same pairs per task family" in table

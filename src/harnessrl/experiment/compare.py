@@ -87,7 +87,7 @@ def compare(out_dir: str | Path) -> dict[str, Any]:
             row["paired"] = None
     result = {"name": spec["name"], "reference": reference, "budget": meta["budget"],
               "warm_start": meta.get("warm_start"), "seeds": spec["seeds"],
-              "eval": spec["eval"], "arms": list(rows.values()),
+              "eval": spec["eval"], "arms": list(rows.values()), "contrasts": contrasts(spec, units),
               "missing": [f"{a['name']}-seed{s}" for a in spec["arms"] for s in spec["seeds"]
                           if not (out / "arms" / f"{a['name']}-seed{s}" / MARKER).exists()]}
     write_json_atomic(out / "comparison.json", result)
@@ -158,20 +158,37 @@ def pair_with_reference(row: dict[str, Any], mine: dict[str, dict[tuple[Any, ...
     units (the test of a gain, see the module docstring), in-space, out-of-space and all
     together; and ``row["paired_by_family"]`` / ``row["paired_by_seed"]``, the same pairs per
     task family and per seed."""
-    from harnessrl.eval.metrics import paired_comparison
-
-    row["paired"] = {group: paired_comparison(mine.get(group, {}), theirs.get(group, {}))
-                     for group in ("in_space", "out_of_space")}
-    both = {(side, *u): v for side, group in (("in", "in_space"), ("out", "out_of_space"))
-            for u, v in mine.get(group, {}).items()}
-    base = {(side, *u): v for side, group in (("in", "in_space"), ("out", "out_of_space"))
-            for u, v in theirs.get(group, {}).items()}
-    row["paired"]["all"] = paired_comparison(both, base)
+    row["paired"] = paired_sides(mine, theirs)
     # Per task family: an arm can gain on one family and lose another (on cpu_learn, RL taught
     # one family's procedure and the others' plans turned to it), which the overall difference hides.
     row["paired_by_family"] = paired_by_family(
         mine, theirs, task_families(row["suite"], {u[1] for side in mine.values() for u in side}))
     row["paired_by_seed"] = paired_split(mine, theirs, lambda unit: f"seed {unit[0]}")
+
+
+def paired_sides(mine: dict[str, dict[tuple[Any, ...], float]],
+                 theirs: dict[str, dict[tuple[Any, ...], float]]) -> dict[str, dict[str, Any]]:
+    """Returns the paired comparison of two arms' units in-space, out-of-space and all together."""
+    from harnessrl.eval.metrics import paired_comparison
+
+    paired = {group: paired_comparison(mine.get(group, {}), theirs.get(group, {})) for group in ("in_space", "out_of_space")}
+    both = {(side, *u): v for side, group in (("in", "in_space"), ("out", "out_of_space"))
+            for u, v in mine.get(group, {}).items()}
+    base = {(side, *u): v for side, group in (("in", "in_space"), ("out", "out_of_space"))
+            for u, v in theirs.get(group, {}).items()}
+    paired["all"] = paired_comparison(both, base)
+    return paired
+
+
+def contrasts(spec: dict[str, Any], units: dict[str, dict[str, dict[tuple[Any, ...], float]]]) -> list[dict[str, Any]]:
+    """Returns the spec's contrasts (``[arm, against]``) whose arms both finished: each paired on
+    their shared (seed, task, harness) units, in all and per seed."""
+    out = []
+    for arm, against in spec.get("contrasts") or []:
+        if arm in units and against in units:
+            out.append({"arm": arm, "against": against, "paired": paired_sides(units[arm], units[against]),
+                        "paired_by_seed": paired_split(units[arm], units[against], lambda unit: f"seed {unit[0]}")})
+    return out
 
 
 def task_families(suite: str, task_ids: set[str]) -> dict[str, str]:
@@ -335,11 +352,11 @@ def comparison_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]
     return headers, rows
 
 
-def paired_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def paired_rows(result: dict[str, Any], key: str = "arms") -> tuple[list[str], list[list[str]]]:
     """Returns the paired table against the reference arm: per arm and evaluation side, the
     mean difference in Pass@1 on the shared units with its paired 95% interval, units won /
     lost, the sign-test p-value and the difference those units resolve (80% power); plus the
-    tokens the arm's training sampled."""
+    tokens the arm's training sampled. ``key="contrasts"``: the same per contrast (arm - against)."""
     from harnessrl.eval.report import pct, pct_ci, signed
 
     headers = ["arm"]
@@ -347,10 +364,10 @@ def paired_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         headers += [f"{side} diff", "paired 95% CI", "won/lost", "sign p", "resolvable"]
     headers += ["sampled tokens (training)"]
     rows = []
-    for r in result["arms"]:
+    for r in result.get(key) or []:
         if not r.get("paired"):
             continue
-        row = [r["arm"]]
+        row = [f"{r['arm']} - {r['against']}" if "against" in r else r["arm"]]
         for group in ("in_space", "out_of_space", "all"):
             cell = r["paired"].get(group) or {}
             if not cell.get("units"):
@@ -365,20 +382,20 @@ def paired_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
-def split_rows(result: dict[str, Any], key: str = "paired_by_family", part: str = "task family"
-               ) -> tuple[list[str], list[list[str]]]:
+def split_rows(result: dict[str, Any], key: str = "paired_by_family", part: str = "task family",
+               entries: str = "arms") -> tuple[list[str], list[list[str]]]:
     """Returns the paired table split by ``key`` (``paired_by_family``, ``paired_by_seed``): per
-    arm and part, each side's units, mean difference with its paired 95% interval, and units
-    won / lost."""
+    arm (or contrast: ``entries="contrasts"``) and part, each side's units, mean difference with
+    its paired 95% interval, and units won / lost."""
     from harnessrl.eval.report import pct_ci, signed
 
     headers = ["arm", part]
     for side in ("in-space", "out-of-space"):
         headers += [f"{side} units", "diff", "paired 95% CI", "won/lost"]
     rows = []
-    for r in result["arms"]:
+    for r in result.get(entries) or []:
         for name, sides in (r.get(key) or {}).items():
-            row = [r["arm"], name]
+            row = [f"{r['arm']} - {r['against']}" if "against" in r else r["arm"], name]
             for side in ("in_space", "out_of_space"):
                 cell = sides.get(side)
                 row += ["0", "-", "-", "-"] if cell is None else [
@@ -403,6 +420,10 @@ def sections(result: dict[str, Any]) -> list[tuple[str, str, tuple[list[str], li
          "arm of a seed continues it).", split_rows(result, "paired_by_seed", "seed")),
         (f"Paired against {ref}, per task family", "The same pairs per task family (a gain on one family can hide "
          "a loss on another).", split_rows(result, "paired_by_family", "task family")),
+        ("Contrasts", "The experiment's contrasts (arm - against), each on the units both arms share, in the same "
+         "columns as the paired table above.", paired_rows(result, "contrasts")),
+        ("Contrasts, per seed", "The same contrasts per seed.",
+         split_rows(result, "paired_by_seed", "seed", entries="contrasts")),
         ("What RL taught", "What RL taught each run: the first-pass training reward of the first and last quarter "
          "of its steps (mean over tasks; interval: bootstrap over tasks), the same change on the tasks drawn in "
          "both halves (free of the frontier's selection), and the weights' relative movement under RL against "

@@ -96,6 +96,9 @@ class ExperimentSpec(BaseModel):
     base: dict[str, Any] = Field(default_factory=dict, description="TrainConfig fields shared by every arm; may name a preset")
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="training seeds of every arm")
     reference: str | None = Field(None, description="arm the gains are measured against (default: the first arm)")
+    contrasts: list[tuple[str, str]] = Field(
+        default_factory=list, description="pairs [arm, against] tested on the same units beside the reference "
+        "(the directions an ablation asks, e.g. [orthogonal-18, random-18]; comparison.md's 'Contrasts')")
     warm_start: dict[str, Any] | None = Field(
         None, description="one SFT warm start per seed shared by every arm: TrainConfig fields of the warm-start "
         f"run over base ({', '.join(WARM_START_FIELDS)}); the arms then start from its checkpoint with no warm "
@@ -143,6 +146,11 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
         raise ValueError(f"{path}: field arms: arm names repeat ({', '.join(duplicates)}); give each arm its own name")
     if spec.reference is not None and spec.reference not in names:
         raise ValueError(f"{path}: field reference: {spec.reference!r} is not an arm; choose one of {', '.join(names)}")
+    for index, (arm, against) in enumerate(spec.contrasts):
+        unknown = [n for n in (arm, against) if n not in names]
+        if unknown or arm == against:
+            what = f"{unknown[0]!r} is not an arm" if unknown else "an arm against itself"
+            raise ValueError(f"{path}: field contrasts.{index}: {what}; name two of {', '.join(names)}")
     for name in MANAGED_FIELDS:
         if name in spec.base:
             raise ValueError(f"{path}: field base.{name}: set by the experiment for every arm; remove it "

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from harnessrl.experiment.learning import learned, learning_rows
 from harnessrl.experiment.spec import COST_FIELDS, MARKER, write_json_atomic
 
 
@@ -233,58 +234,6 @@ def paired_by_family(mine: dict[str, dict[tuple[Any, ...], float]], theirs: dict
     return paired_split(mine, theirs, lambda unit: families.get(unit[1]))
 
 
-def learned(out: Path, arm: str, marker: dict[str, Any]) -> dict[str, Any]:
-    """Returns what RL taught one (arm, seed): the first-pass reward's change from the first
-    quarter of steps to the last (with its interval over tasks), the same on the tasks drawn in
-    both halves, and the weights' relative movement from the model it started from, beside the
-    warm start's own from the base model."""
-    from harnessrl.eval.report import read_jsonl_records
-    from harnessrl.experiment.learning import (
-        final_model_dir,
-        relative_movement,
-        reward_gain,
-        same_task_gain,
-    )
-    from harnessrl.experiment.spec import warm_start_dir, warm_start_model
-
-    run = out / "arms" / f"{arm}-seed{marker['seed']}"
-    warm = warm_start_dir(out, marker["seed"]) / "warm_start.json"
-    final = final_model_dir(run)
-    start = warm_start_model(out, marker["seed"]) if warm.exists() else Path(marker["config"]["model"] or "")
-    records = read_jsonl_records(run / "metrics.jsonl")
-    row: dict[str, Any] = {"seed": marker["seed"], "reward": reward_gain(records), "same_tasks": same_task_gain(records),
-                           "moved": relative_movement(final, start) if final and start.is_dir() else None,
-                           "warm_start_moved": None}
-    if warm.exists() and start.is_dir():  # the shared warm start against the model it started from
-        from harnessrl.policy.embedded import resolve_model_path
-
-        base = json.loads(warm.read_text(encoding="utf-8"))["config"].get("model")
-        row["warm_start_moved"] = relative_movement(start, resolve_model_path(base))
-    return row
-
-
-def learning_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Returns the table of what RL taught each (RL arm, seed): the mean first-pass reward of
-    the first and last quarter of steps, their difference with its 95% interval over tasks,
-    the same difference on the tasks drawn in both halves, and the relative weight movement
-    under RL against the warm start's."""
-    headers = ["arm", "seed", "RL steps (per quarter)", "first-pass reward, first quarter", "last quarter",
-               "difference [95% CI over tasks]", "same tasks, first half → last half [95% CI] (tasks)",
-               "‖W − W_start‖ / ‖W_start‖ (RL)", "(warm start, from the base)"]
-    rows = []
-    for r in result["arms"]:
-        for entry in r.get("learning") or []:
-            gain, same = entry.get("reward"), entry.get("same_tasks")
-            cells = ["-"] * 4 if gain is None else [
-                f"{gain['steps']} ({gain['steps_per_part']})", f"{gain['first']:.3f}", f"{gain['last']:.3f}",
-                f"{gain['gain']:+.3f} [{gain['ci'][0]:+.3f}, {gain['ci'][1]:+.3f}]"]
-            cells.append("-" if same is None else
-                         f"{same['gain']:+.3f} [{same['ci'][0]:+.3f}, {same['ci'][1]:+.3f}] ({same['tasks']})")
-            rows.append([r["arm"], entry["seed"], *cells,
-                         *[f"{entry[k]:.2e}" if entry.get(k) is not None else "-" for k in ("moved", "warm_start_moved")]])
-    return headers, rows
-
-
 def _mean(values: list[Any]) -> float | None:
     present = [float(v) for v in values if v is not None]
     return float(np.mean(present)) if present else None
@@ -352,6 +301,11 @@ def comparison_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]
     return headers, rows
 
 
+def _label(entry: dict[str, Any]) -> str:
+    """Returns a paired table's row label: the arm, or "arm - against" for a contrast."""
+    return f"{entry['arm']} - {entry['against']}" if "against" in entry else entry["arm"]
+
+
 def paired_rows(result: dict[str, Any], key: str = "arms") -> tuple[list[str], list[list[str]]]:
     """Returns the paired table against the reference arm: per arm and evaluation side, the
     mean difference in Pass@1 on the shared units with its paired 95% interval, units won /
@@ -367,7 +321,7 @@ def paired_rows(result: dict[str, Any], key: str = "arms") -> tuple[list[str], l
     for r in result.get(key) or []:
         if not r.get("paired"):
             continue
-        row = [f"{r['arm']} - {r['against']}" if "against" in r else r["arm"]]
+        row = [_label(r)]
         for group in ("in_space", "out_of_space", "all"):
             cell = r["paired"].get(group) or {}
             if not cell.get("units"):
@@ -395,7 +349,7 @@ def split_rows(result: dict[str, Any], key: str = "paired_by_family", part: str 
     rows = []
     for r in result.get(entries) or []:
         for name, sides in (r.get(key) or {}).items():
-            row = [f"{r['arm']} - {r['against']}" if "against" in r else r["arm"], name]
+            row = [_label(r), name]
             for side in ("in_space", "out_of_space"):
                 cell = sides.get(side)
                 row += ["0", "-", "-", "-"] if cell is None else [

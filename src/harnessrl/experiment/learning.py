@@ -1,9 +1,11 @@
 """What RL taught one run: the change of its first-pass training reward from the first quarter
 of its steps to the last (with an interval over tasks), the same change on the tasks drawn in
-both halves, and how far its updates moved the weights relative to the model they started from."""
+both halves, and how far its updates moved the weights relative to the model they started from;
+per (arm, seed) of an experiment and as the comparison's table of them."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -106,8 +108,6 @@ def _lora_delta_sq(adapter_dir: Path) -> float | None:
     """Returns ||W_merged - W_base||^2 of a LoRA adapter folder (every adapted module's
     ``scale * B @ A``, scale ``lora_alpha / r``, or ``/ sqrt(r)`` with rsLoRA), or None when the
     folder holds no plain LoRA adapter (DoRA or per-module rank / alpha patterns: not computed)."""
-    import json
-
     from safetensors.torch import load_file
 
     config_path, weights_path = adapter_dir / "adapter_config.json", adapter_dir / "adapter_model.safetensors"
@@ -155,3 +155,49 @@ def final_model_dir(run_dir: str | Path) -> Path | None:
     """Returns the model folder of a run's latest checkpoint, or None."""
     checkpoints = sorted((Path(run_dir) / "checkpoints").glob("step-*/model"))
     return checkpoints[-1] if checkpoints else None
+
+
+def learned(out: Path, arm: str, marker: dict[str, Any]) -> dict[str, Any]:
+    """Returns what RL taught one (arm, seed): the first-pass reward's change from the first
+    quarter of steps to the last (with its interval over tasks), the same on the tasks drawn in
+    both halves, and the weights' relative movement from the model it started from, beside the
+    warm start's own from the base model."""
+    from harnessrl.eval.report import read_jsonl_records
+    from harnessrl.experiment.spec import warm_start_dir, warm_start_model
+
+    run = out / "arms" / f"{arm}-seed{marker['seed']}"
+    warm = warm_start_dir(out, marker["seed"]) / "warm_start.json"
+    final = final_model_dir(run)
+    start = warm_start_model(out, marker["seed"]) if warm.exists() else Path(marker["config"]["model"] or "")
+    records = read_jsonl_records(run / "metrics.jsonl")
+    row: dict[str, Any] = {"seed": marker["seed"], "reward": reward_gain(records), "same_tasks": same_task_gain(records),
+                           "moved": relative_movement(final, start) if final and start.is_dir() else None,
+                           "warm_start_moved": None}
+    if warm.exists() and start.is_dir():  # the shared warm start against the model it started from
+        from harnessrl.policy.embedded import resolve_model_path
+
+        base = json.loads(warm.read_text(encoding="utf-8"))["config"].get("model")
+        row["warm_start_moved"] = relative_movement(start, resolve_model_path(base))
+    return row
+
+
+def learning_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Returns the table of what RL taught each (RL arm, seed): the mean first-pass reward of
+    the first and last quarter of steps, their difference with its 95% interval over tasks,
+    the same difference on the tasks drawn in both halves, and the relative weight movement
+    under RL against the warm start's."""
+    headers = ["arm", "seed", "RL steps (per quarter)", "first-pass reward, first quarter", "last quarter",
+               "difference [95% CI over tasks]", "same tasks, first half → last half [95% CI] (tasks)",
+               "‖W − W_start‖ / ‖W_start‖ (RL)", "(warm start, from the base)"]
+    rows = []
+    for r in result["arms"]:
+        for entry in r.get("learning") or []:
+            gain, same = entry.get("reward"), entry.get("same_tasks")
+            cells = ["-"] * 4 if gain is None else [
+                f"{gain['steps']} ({gain['steps_per_part']})", f"{gain['first']:.3f}", f"{gain['last']:.3f}",
+                f"{gain['gain']:+.3f} [{gain['ci'][0]:+.3f}, {gain['ci'][1]:+.3f}]"]
+            cells.append("-" if same is None else
+                         f"{same['gain']:+.3f} [{same['ci'][0]:+.3f}, {same['ci'][1]:+.3f}] ({same['tasks']})")
+            rows.append([r["arm"], entry["seed"], *cells,
+                         *[f"{entry[k]:.2e}" if entry.get(k) is not None else "-" for k in ("moved", "warm_start_moved")]])
+    return headers, rows

@@ -103,3 +103,20 @@ def test_a_run_recorded_before_an_eval_field_existed_has_the_same_eval():
     assert not eval_changed(older, EvalSpec())  # recorded before the field: its default
     assert eval_changed(older, spec.eval)  # but this file names an H0 that the record did not have
     assert eval_changed({**recorded, "k": 1}, spec.eval)
+
+
+def test_an_evaluation_that_only_adds_targets_says_which():
+    from harnessrl.experiment.spec import eval_additions
+
+    recorded = EvalSpec(configs="held-out").model_dump()
+    done = ["S0-T0-O0-C0-W0", "S1-T1-O1-C1-W1"]
+    wider = EvalSpec(configs="held-out,codex-like,ext:mini-swe-agent", external_tasks=4)
+    assert eval_additions(recorded, wider, done, [*done, "codex-like", "ext:mini-swe-agent"]) == \
+        ["codex-like", "ext:mini-swe-agent"]
+    assert eval_additions(recorded, wider, done, done[:1]) is None  # a target dropped
+    assert eval_additions(recorded, EvalSpec(configs="held-out", tasks=8), done, done) is None  # other tasks
+    # the agent programs' task count is part of what an evaluated agent program was run on
+    with_agent = wider.model_dump()
+    agents = [*done, "ext:mini-swe-agent"]
+    assert eval_additions(with_agent, wider.model_copy(update={"external_tasks": 8}), agents, agents) is None
+    assert eval_additions(with_agent, wider, agents, [*agents, "aider-like"]) == ["aider-like"]

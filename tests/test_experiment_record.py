@@ -101,3 +101,49 @@ def test_a_warm_start_that_comes_out_otherwise_than_recorded_is_refused(tmp_path
         with pytest.raises(ValueError, match=message):
             run_experiment(spec, record, log=lambda m: None, arms=["oa"])
         assert not (record / "arms" / "oa-seed5" / "arm_result.json").exists()
+
+
+def test_a_target_added_to_the_evaluation_is_evaluated_on_the_finished_weights_and_merged(tmp_path, finished_control):
+    """An evaluation that only adds a target (an agent program, another out-of-space harness) to a
+    finished file evaluates the finished runs through it and merges the results, which come out
+    as those of a run asked for it from the start; any other change of the evaluation is refused."""
+    import shutil
+
+    from harnessrl.experiment import run_experiment
+
+    spec, out = finished_control
+    wider = spec.model_copy(update={"eval": spec.eval.model_copy(update={"configs": "held-out,codex-like"})})
+    folder = tmp_path / "first"
+    shutil.copytree(out, folder)
+    marker = folder / "arms" / "sft-only-seed5" / "arm_result.json"
+    before = json.loads(marker.read_text())
+    lines: list[str] = []
+    run_experiment(wider, folder, log=lines.append, arms=["sft-only"])
+    assert any("[sft-only-seed5] finished earlier; evaluating it through what the evaluation added since: codex-like"
+               in line for line in lines), lines
+    assert not any("training:" in line for line in lines)
+    after = json.loads(marker.read_text())
+    assert set(after["results"]["per_config"]) == set(before["results"]["per_config"]) | {"codex-like"}
+    assert all(after["results"]["per_config"][code] == score for code, score in before["results"]["per_config"].items())
+    assert after["eval"] == wider.eval.model_dump() and [a["targets"] for a in after["added"]] == [["codex-like"]]
+    assert after["wall_time_s"] >= before["wall_time_s"] and after["finished"] == before["finished"]
+    # the same numbers as a folder that asked for codex-like from the start (its warm start trained again)
+    fresh = tmp_path / "fresh"
+    run_experiment(wider, fresh, log=lambda m: None, arms=["sft-only"])
+    scratch = json.loads((fresh / "arms" / "sft-only-seed5" / "arm_result.json").read_text())
+    for key in ("per_config", "per_group"):
+        assert after["results"][key] == scratch["results"][key]
+    assert [t["config"] for t in _lines(marker.parent / "eval" / "experiment.jsonl")] == \
+        [t["config"] for t in _lines(fresh / "arms" / "sft-only-seed5" / "eval" / "experiment.jsonl")]
+    lines.clear()
+    run_experiment(wider, folder, log=lines.append, arms=["sft-only"])
+    assert "[sft-only-seed5] finished earlier: skipped" in lines
+    # fewer targets, or other tasks, is another evaluation: refused, nothing rewritten
+    for other in (spec, wider.model_copy(update={"eval": wider.eval.model_copy(update={"tasks": 2})})):
+        with pytest.raises(ValueError, match="finished with another eval"):
+            run_experiment(other, folder, log=lambda m: None, arms=["sft-only"])
+    assert json.loads(marker.read_text()) == after
+
+
+def _lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]

@@ -301,12 +301,16 @@ def test_eval_scores_ext_configurations_next_to_in_space_harnesses(
     from harnessrl.policy.scripted import OraclePolicy
     from harnessrl.rollout.settings import RolloutSettings
 
-    tasks = workspace_tasks[1:2]
+    tasks = workspace_tasks[1:3]
     limits = HarnessLimits(max_new_tokens=16_384, context_tokens=262_144)
-    result = evaluate(OraclePolicy(), ["S0-T0-O0-C0-W0", "ext:mini-swe-agent"], tasks, settings=RolloutSettings(limits))
+    # the agent program on a small fixed subset of the tasks (an experiment's eval.external_tasks)
+    result = evaluate(OraclePolicy(), ["S0-T0-O0-C0-W0", "ext:mini-swe-agent"], tasks, settings=RolloutSettings(limits),
+                      external_tasks=tasks[:1])
     assert set(result.per_config) == {"S0-T0-O0-C0-W0", "ext:mini-swe-agent"}
     assert result.per_config["ext:mini-swe-agent"]["pass_at_1"] == 1.0
-    assert result.overall["pass_at_1"] == 1.0 and result.overall["episodes"] == 2
+    assert result.per_config["S0-T0-O0-C0-W0"]["episodes"] == 2 and result.per_config["ext:mini-swe-agent"]["episodes"] == 1
+    assert [t.task_id for t in result.trajectories if t.config == "ext:mini-swe-agent"] == [tasks[0].id]
+    assert result.overall["pass_at_1"] == 1.0 and result.overall["episodes"] == 3
 
 
 def test_unknown_ext_configuration_is_a_clear_error() -> None:

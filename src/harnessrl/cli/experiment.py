@@ -39,7 +39,7 @@ def run_experiment_cli(args: argparse.Namespace) -> int:
     from collections import Counter
 
     from harnessrl.design import make_design
-    from harnessrl.eval.sets import resolve_eval_set
+    from harnessrl.eval.sets import EXTERNAL_PREFIX, resolve_eval_set
     from harnessrl.experiment import (
         arm_config,
         arm_id,
@@ -72,9 +72,12 @@ def run_experiment_cli(args: argparse.Namespace) -> int:
                   f"demonstrations under the {warm.design} design -> {out / 'warm-start'}")
         targets = resolve_eval_set(spec.eval.configs, make_design(default_space(), spec.eval.design, seed=spec.eval.seed),
                                    held_out=spec.eval.held_out, seed=spec.eval.seed)
-        sides = Counter("in-space" if t.group in ("in_space", "train") else "out-of-space" for t in targets)
-        print("evaluation per arm and seed: " + ", ".join(
-            f"{n * spec.eval.tasks * spec.eval.k} {side} episodes" for side, n in sorted(sides.items())))
+        sides: Counter[str] = Counter()
+        for t in targets:  # agent programs run on the first eval.external_tasks tasks, if it is set
+            agent = t.name.startswith(EXTERNAL_PREFIX) and spec.eval.external_tasks is not None
+            sides["in-space" if t.group in ("in_space", "train") else "out-of-space"] += (
+                spec.eval.external_tasks if agent else spec.eval.tasks) * spec.eval.k
+        print("evaluation per arm and seed: " + ", ".join(f"{n} {side} episodes" for side, n in sorted(sides.items())))
         for arm in spec.arms:
             cfg = arm_config(spec, arm, spec.seeds[0], out)
             if arm.control == "sft-only":

@@ -113,6 +113,7 @@ def evaluate(
     external: Any | None = None,
     agent_time_limit_s: float | None = None,
     on_external: Callable[[Trajectory], None] | None = None,
+    external_tasks: Sequence[Task] | None = None,
 ) -> EvalResult:
     """Runs every task k times under every harness and returns the scores.
 
@@ -124,7 +125,8 @@ def evaluate(
     (``harnessrl.external``), with ``external`` as their run config (default: the settings'
     sandbox backend, turn limit, output limit and temperature, and ``agent_time_limit_s``
     seconds per run, else ``ExternalConfig.time_limit_s``); ``on_external`` hears of each of
-    their runs as it ends.
+    their runs as it ends. ``external_tasks`` are the tasks they run (default ``tasks``): an
+    agent run costs tens of seconds on a CPU, so a suite may give them a small fixed subset.
     """
     settings = settings or RolloutSettings()
     targets = [t if isinstance(t, EvalTarget) else EvalTarget(t, "") for t in harness_names]
@@ -149,10 +151,15 @@ def evaluate(
                                             **{name: value for name, value in given.items() if value})
         if config.temperature is None:
             config = replace(config, temperature=settings.temperature)
-        trajectories += evaluate_external_targets(external_names, policy, tasks, k=k, config=config,
-                                                  on_trajectory=on_external)
-    groups = {t.name: t.group or ("external" if t.name in external_names else "") for t in targets}
-    groups = {name: group for name, group in groups.items() if group}
-    result = score_trajectories(trajectories, k, groups, design)
+        trajectories += evaluate_external_targets(external_names, policy, tasks if external_tasks is None else external_tasks,
+                                                  k=k, config=config, on_trajectory=on_external)
+    result = score_trajectories(trajectories, k, target_groups(targets), design)
     result.stats = stats
     return result
+
+
+def target_groups(targets: Sequence[EvalTarget]) -> dict[str, str]:
+    """Returns the group each target is reported under (its own; an agent program without one:
+    ``external``; others: left to ``score_trajectories``)."""
+    groups = {t.name: t.group or ("external" if t.name.startswith(EXTERNAL_PREFIX) else "") for t in targets}
+    return {name: group for name, group in groups.items() if group}

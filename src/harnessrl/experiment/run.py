@@ -25,6 +25,7 @@ from harnessrl.experiment.spec import (
     arm_id,
     budget,
     changed_fields,
+    eval_additions,
     eval_changed,
     warm_start_config,
     warm_start_model,
@@ -153,8 +154,9 @@ def run_experiment(
     for seed in spec.seeds:
         if seeds and seed not in seeds:
             continue
-        pending = [arm for arm in spec.arms if (not arms or arm.name in arms)
-                   and not _finished_earlier(configs[arm_id(arm, seed)], spec, arm_id(arm, seed), source, log)]
+        needs = {arm.name: _still_to_evaluate(configs[arm_id(arm, seed)], spec, targets, arm_id(arm, seed), source, log)
+                 for arm in spec.arms if not arms or arm.name in arms}
+        pending = [arm for arm in spec.arms if needs.get(arm.name)]
         if pending and spec.warm_start is not None:  # a seed with every arm done needs no warm start
             shared_warm_start(spec, seed, out, log)
         for arm in pending:
@@ -162,8 +164,9 @@ def run_experiment(
             what = ("control: the warm start alone, no RL step" if arm.control == "sft-only" else
                     f"design {cfg.design}, pairing {cfg.pairing}, K={cfg.k}, rescue {cfg.rescue}, "
                     f"through {cfg.rollout_through} ({cfg.objective}), {cfg.steps} steps")
-            log(f"[{arm_id(arm, seed)}] training: {what}")
-            _run_arm(spec, arm, seed, cfg, targets, log)
+            if len(needs[arm.name]) == len(targets):
+                log(f"[{arm_id(arm, seed)}] training: {what}")
+            _run_arm(spec, arm, seed, cfg, targets, needs[arm.name], log)
     if not table:
         return None
     comparison = compare(out)
@@ -171,44 +174,88 @@ def run_experiment(
     return comparison
 
 
-def _finished_earlier(cfg: TrainConfig, spec: ExperimentSpec, run_id: str, source: str, log: Logger) -> bool:
-    """Returns whether the (arm, seed) run ``cfg`` has finished (its marker is in its run folder,
-    with this config and evaluation; a marker with others is an error that says what to do)."""
+def _still_to_evaluate(cfg: TrainConfig, spec: ExperimentSpec, targets: Sequence[EvalTarget], run_id: str,
+                       source: str, log: Logger) -> list[EvalTarget]:
+    """Returns the targets the (arm, seed) run ``cfg`` still has to be evaluated through: every
+    one (no marker in its run folder: it trains, or resumes, first), none (finished with this
+    config and evaluation), or those that the evaluation added since it finished (its
+    weights are evaluated through them and the results merged). A marker with another config,
+    or an evaluation changed otherwise, is an error that says what to do."""
     run_dir = Path(cfg.run_dir)
     marker = run_dir / MARKER
     if not marker.exists():
-        return False
+        return list(targets)
     done = json.loads(marker.read_text(encoding="utf-8"))
     changed = changed_fields(done.get("config", {}), cfg)
+    added = None
     if eval_changed(done.get("eval"), spec.eval):
-        changed.append("eval")
+        added = eval_additions(done.get("eval"), spec.eval, done["results"]["per_config"], [t.name for t in targets])
+        if added is None:
+            changed.append("eval")
     if changed:
         raise ValueError(
             f"{run_dir}: finished with another {', '.join(changed)} than {source or spec.name} now asks for; "
             "delete that folder to rerun the arm, or give the arm a new name"
         )
+    if added:
+        log(f"[{run_id}] finished earlier; evaluating it through what the evaluation added since: {', '.join(added)}")
+        return [t for t in targets if t.name in added]
     log(f"[{run_id}] finished earlier: skipped")
-    return True
+    return []
 
 
 def _run_arm(spec: ExperimentSpec, arm: ArmSpec, seed: int, cfg: TrainConfig, targets: Sequence[EvalTarget],
-             log: Logger) -> None:
-    """Trains one (arm, seed) (resuming a killed run), evaluates it on the experiment's units,
-    and writes its trajectories, its marker (written last, atomically) and its report."""
-    from harnessrl.eval.evaluate import evaluate
+             todo: Sequence[EvalTarget], log: Logger) -> None:
+    """Trains one (arm, seed) (resuming a killed run), evaluates it on the experiment's units
+    through ``todo``, and writes its trajectories, its marker (written last, atomically) and its
+    report. A finished run (its marker there) is evaluated through the added ``todo`` only, its
+    results rescored over all ``targets`` from the recorded trajectories and the new ones."""
+    from harnessrl.eval.evaluate import score_trajectories, target_groups
     from harnessrl.eval.report import write_run_report
-    from harnessrl.external.run import ExternalConfig
     from harnessrl.rl.loop import Trainer
-    from harnessrl.tasks.suite import select_tasks
-    from harnessrl.trajectory import save_jsonl
+    from harnessrl.trajectory import load_jsonl, save_jsonl
 
     run_id, run_dir = arm_id(arm, seed), Path(cfg.run_dir)
+    done = json.loads((run_dir / MARKER).read_text(encoding="utf-8")) if (run_dir / MARKER).exists() else None
     trainer = Trainer(cfg, resume=True, log=lambda m: log(f"[{run_id}] {m}"))
-    trainer.run()
+    trainer.run()  # a finished run: nothing left to train
     trainer.release_training_state()  # the evaluation below reads the rollout policy only
     started = time.time()
+    result = _evaluate(spec, cfg, trainer, todo)
+    trajectories = result.trajectories
+    if done is not None:
+        trajectories = load_jsonl(run_dir / "eval" / "experiment.jsonl") + trajectories
+    save_jsonl(trajectories, run_dir / "eval" / "experiment.jsonl")
+    results = result.to_dict()
+    if done is None:
+        record = {"arm": arm.model_dump(), "seed": seed, "config": cfg.model_dump(),
+                  "train_configs": trainer.design.codes, "rollouts": executor_rollouts(run_dir),
+                  # training over every sitting (a killed arm resumes), then this evaluation
+                  "wall_time_s": round(float(trainer.state.get("wall_time_s", 0.0)) + time.time() - started, 1),
+                  "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    else:  # the first evaluation's timing stays; each addition says what it evaluated and what it took
+        results = {**score_trajectories(trajectories, spec.eval.k, target_groups(targets), trainer.design).to_dict(),
+                   "timing": done["results"].get("timing", {})}
+        spent = round(time.time() - started, 1)
+        record = {**done, "wall_time_s": round(done.get("wall_time_s", 0.0) + spent, 1), "added": [
+            *done.get("added", []), {"targets": [t.name for t in todo], "wall_time_s": spent,
+                                     "timing": result.to_dict()["timing"], "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}]}
+    write_json_atomic(run_dir / MARKER, {**record, "eval": spec.eval.model_dump(), "results": results})
+    in_space = results["per_group"].get("in_space", {}).get("pass_at_1")
+    log(f"[{run_id}] evaluated: in-space Pass@1 {in_space}")
+    write_run_report(run_dir)
+    del trainer
+
+
+def _evaluate(spec: ExperimentSpec, cfg: TrainConfig, trainer: Any, targets: Sequence[EvalTarget]) -> Any:
+    """Returns the evaluation of the trained run's rollout policy through ``targets`` on the
+    experiment's test tasks (agent programs on the first ``external_tasks`` of them)."""
+    from harnessrl.eval.evaluate import evaluate
+    from harnessrl.external.run import ExternalConfig
+    from harnessrl.tasks.suite import select_tasks
+
     tasks = select_tasks(cfg.suite, cfg.eval_split, spec.eval.tasks, spec.eval.seed, cfg.tiers, cfg.families)
-    result = evaluate(
+    return evaluate(
         trainer.policy, targets, tasks, k=spec.eval.k, design=trainer.design,
         settings=cfg.rollout_settings(trainer.limits, evaluation=True, temperature=spec.eval.temperature,
                                       seed=spec.eval.seed),
@@ -216,20 +263,8 @@ def _run_arm(spec: ExperimentSpec, arm: ArmSpec, seed: int, cfg: TrainConfig, ta
         external=ExternalConfig(max_steps=cfg.agent_max_steps, time_limit_s=cfg.agent_time_limit_s,
                                 max_tokens=cfg.max_new_tokens,
                                 backend="auto" if cfg.sandbox_backend == "none" else cfg.sandbox_backend),
+        external_tasks=None if spec.eval.external_tasks is None else tasks[:spec.eval.external_tasks],
     )
-    save_jsonl(result.trajectories, run_dir / "eval" / "experiment.jsonl")
-    results = result.to_dict()
-    write_json_atomic(run_dir / MARKER, {
-        "arm": arm.model_dump(), "seed": seed, "config": cfg.model_dump(), "eval": spec.eval.model_dump(),
-        "train_configs": trainer.design.codes, "results": results, "rollouts": executor_rollouts(run_dir),
-        # training over every sitting (a killed arm resumes), then this evaluation
-        "wall_time_s": round(float(trainer.state.get("wall_time_s", 0.0)) + time.time() - started, 1),
-        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    })
-    in_space = results["per_group"].get("in_space", {}).get("pass_at_1")
-    log(f"[{run_id}] evaluated: in-space Pass@1 {in_space}")
-    write_run_report(run_dir)
-    del trainer
 
 
 def run_experiment_jobs(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harnessrl.diskio import write_text_atomic
+from harnessrl.external import EXTERNAL_PREFIX
 from harnessrl.rl.config import DesignName, TrainConfig, load_config
 
 Logger = Callable[[str], None]
@@ -76,6 +77,9 @@ class EvalSpec(BaseModel):
         "learning curve are drawn around it (None: the space's default H0, and each arm's curve around its own)")
     held_out: int = Field(18, ge=0, description="held-out in-space configurations (paper: 18)")
     tasks: int = Field(16, ge=1, description="test tasks per harness")
+    external_tasks: int | None = Field(
+        None, ge=1, description="test tasks per agent program (ext:<name> in configs): the first N of the same "
+        "draw, a small fixed set where one agent run costs tens of seconds; None: tasks")
     k: int = Field(1, ge=1, description="runs per task")
     temperature: float = Field(0.0, ge=0.0, description="sampling temperature (0 = greedy)")
     seed: int = Field(0, description="seed of the held-out draw and of the test-task order")
@@ -272,6 +276,21 @@ def eval_changed(recorded: dict[str, Any] | None, evaluation: EvalSpec) -> bool:
     """Returns whether a finished run's recorded eval section differs from ``evaluation``; a field
     the record lacks was added since, and counts as its default there (as in ``changed_fields``)."""
     return {**EvalSpec().model_dump(), **(recorded or {})} != evaluation.model_dump()
+
+
+def eval_additions(recorded: dict[str, Any] | None, evaluation: EvalSpec, evaluated: Collection[str],
+                   targets: Sequence[str]) -> list[str] | None:
+    """Returns the ``targets`` that ``evaluation`` adds to a finished run's recorded one, whose
+    results hold the targets ``evaluated``, when it only adds some: the same tasks, runs,
+    temperature, seed and held-out draw, and every evaluated target still asked for (agent
+    programs' task count as well, if one was evaluated). Those are evaluated on the run's
+    weights and merged into its results, as if asked for from the start (an agent program
+    added to a finished file, say). None when the evaluation changed otherwise."""
+    was, now = {**EvalSpec().model_dump(), **(recorded or {})}, evaluation.model_dump()
+    kept = {"configs"} | (set() if any(name.startswith(EXTERNAL_PREFIX) for name in evaluated) else {"external_tasks"})
+    if any(was[name] != now[name] for name in now if name not in kept) or not set(evaluated) <= set(targets):
+        return None
+    return [name for name in targets if name not in evaluated]
 
 
 def changed_fields(recorded: dict[str, Any], cfg: TrainConfig) -> list[str]:

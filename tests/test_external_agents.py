@@ -336,6 +336,21 @@ def test_cli_lists_checks_and_runs_agents(mini_swe_agent: str, capsys: pytest.Ca
     assert "unknown external agent 'aider'" in capsys.readouterr().err
 
 
+def test_eval_cli_runs_agent_programs_on_the_first_tasks_only(
+        mini_swe_agent: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from harnessrl.cli import main
+
+    out = tmp_path / "eval"
+    assert main(["eval", "--policy", "oracle", "--configs", "S0-T0-O0-C0-W0,ext:mini-swe-agent", "--limit", "2",
+                 "--external-limit", "1", "--out", str(out), "--json"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["per_config"]["S0-T0-O0-C0-W0"]["episodes"] == 2
+    assert results["per_config"]["ext:mini-swe-agent"]["episodes"] == 1 and results["meta"]["external_tasks"] == 1
+    assert "1/1 " in capsys.readouterr().err  # the agent runs counted as they end: one
+    with pytest.raises(SystemExit, match="--external-limit must be >= 1"):
+        main(["eval", "--policy", "oracle", "--configs", "ext:mini-swe-agent", "--limit", "1", "--external-limit", "0"])
+
+
 def test_install_that_leaves_a_placeholder_fails_with_the_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from harnessrl.external import install as install_module
 

@@ -43,6 +43,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--suite", default=None, help="task suite name or task file (default: the run's, else workspace)")
     p.add_argument("--split", default="test", help="task split")
     p.add_argument("--limit", type=parse_limit, default=16, help="test tasks per harness ('all' for every task of the split)")
+    p.add_argument("--external-limit", type=int, default=None, metavar="N",
+                   help="ext:<agent> targets run on the first N of those tasks only (an agent run costs tens of "
+                   "seconds on a CPU; default: all of them)")
     p.add_argument("--tiers", type=lambda v: [int(t) for t in v.split(",")], default=None, metavar="1,2",
                    help="task tiers (default: the checkpoint run's, else all)")
     p.add_argument("--families", type=lambda v: v.split(","), default=None, metavar="files,text",
@@ -124,7 +127,10 @@ def run_eval(args: argparse.Namespace) -> int:
     tasks = suite_named(suite, lambda: select_tasks(suite, args.split, args.limit, args.seed, run_config.get("tiers"),
                                                     run_config.get("families"), task_ids=args.task_ids))
     temperature = args.temperature if args.temperature is not None else (0.0 if args.k == 1 else 0.7)
-    external_runs = sum(t.name.startswith(EXTERNAL_PREFIX) for t in targets) * len(tasks) * args.k
+    if args.external_limit is not None and args.external_limit < 1:
+        raise SystemExit(f"harnessrl eval: --external-limit must be >= 1, got {args.external_limit}")
+    external_tasks = None if args.external_limit is None else tasks[:args.external_limit]
+    external_runs = sum(t.name.startswith(EXTERNAL_PREFIX) for t in targets) * len(external_tasks or tasks) * args.k
     finished: list[Any] = []
 
     def report_external(t: Any) -> None:
@@ -138,6 +144,7 @@ def run_eval(args: argparse.Namespace) -> int:
         policy, targets, tasks, k=args.k, design=design,
         settings=RolloutSettings(limits=limits, temperature=temperature, seed=args.seed, backend=args.backend,
                                  max_concurrent=args.concurrent, env_workers=args.workers, progress=not args.json), agent_time_limit_s=args.agent_time_limit, on_external=report_external,
+        external_tasks=external_tasks,
     )
     name = Path(args.checkpoint).name if args.checkpoint else spec.replace(":", "-").replace("/", "-")[:40]
     out = Path(args.out or f"evals/{name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -147,6 +154,7 @@ def run_eval(args: argparse.Namespace) -> int:
         "policy": policy.name, "source": spec, "configs": args.configs, "design": design.kind,
         "suite": suite, "split": args.split, "tasks": len(tasks), "k": args.k, "temperature": temperature,
         "seed": args.seed, "model": run_config.get("model") or policy.name, "targets": [t.name for t in targets],
+        "external_tasks": None if external_tasks is None else len(external_tasks),
     }
     (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     save_jsonl(result.trajectories, out / "trajectories.jsonl")

@@ -623,3 +623,14 @@ def test_the_harness_s_file_runs_on_the_learning_setting_and_dry_runs_before_its
     printed = capsys.readouterr().out
     assert printed.count("paired validation not known yet") == 2
     assert "132 paired validation" in printed  # H0's 10 space neighbours and H0, 3 tasks, 4 anchors
+
+
+def test_the_dry_run_counts_agent_programs_on_their_own_tasks(tmp_path, capsys):
+    from harnessrl.cli import main
+
+    text = GOOD + 'eval: {configs: "held-out,codex-like,ext:mini-swe-agent", held_out: 2, tasks: 5, k: 2, external_tasks: 3}\n'
+    assert main(["experiment", str(write(tmp_path, text)), "--dry-run"]) == 0
+    # 2 held-out x 5 tasks x 2 runs in-space; codex-like 5 x 2 and the agent program 3 x 2 out-of-space
+    assert "evaluation per arm and seed: 20 in-space episodes, 16 out-of-space episodes" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="external_tasks"):
+        load_experiment(write(tmp_path, GOOD + "eval: {external_tasks: 0}\n"))

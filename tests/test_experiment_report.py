@@ -139,7 +139,10 @@ def test_the_paper_and_cpu_experiments_load_with_the_papers_arms():
     assert ("harness-s-space", "grpo-h0-rescue") in load_experiment(CONFIGS / "harness_s_cpu.yaml").contrasts
     # the papers' directions re-measured on RL that learns: cpu_learn.yaml's setting, unchanged
     learn = load_experiment(CONFIGS / "cpu_learn.yaml")
-    assert cpu.base == learn.base and cpu.warm_start == learn.warm_start and cpu.eval == learn.eval
+    assert cpu.base == learn.base and cpu.warm_start == learn.warm_start
+    # the same evaluation, with one real agent program added to the out-of-space targets
+    assert cpu.eval.model_copy(update={"configs": learn.eval.configs}) == learn.eval
+    assert cpu.eval.configs == learn.eval.configs + ",ext:mini-swe-agent"
     rl = {a.name: a for a in learn.arms}["rl-frontier"]
     assert (arms["orthogonal-18"].design, arms["orthogonal-18"].pairing, arms["orthogonal-18"].k) == (rl.design, rl.pairing, rl.k)
 

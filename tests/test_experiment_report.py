@@ -519,6 +519,8 @@ RL_STEP_VALUES = {
     "kl_estimator": "k1", "entropy_coef": 0.01, "skip_no_signal_groups": False, "dynamic_sampling_rounds": 1,
     "temperature": 0.5, "top_p": 0.9, "frontier": True, "frontier_decay": 0.5, "frontier_prior": 2.0,
     "frontier_low": 0.2, "frontier_high": 0.8, "frontier_explore": 0.5,
+    # a Harness-S file sets these in its base (harness_s_cpu.yaml), its arms the rescue itself
+    "rescue_k": 3, "rescue_validation_tasks": 2, "reanchor_every": 5, "mixture_fraction": 0.25, "router_per_family": True,
 }
 
 

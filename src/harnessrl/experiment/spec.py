@@ -258,12 +258,14 @@ RL_STEP_FIELDS = (
     "clip_high", "aggregation", "loss_norm_tokens", "policy_loss", "advantage", "scale_std", "importance_cap",
     "kl_coef", "kl_estimator", "entropy_coef", "skip_no_signal_groups", "dynamic_sampling_rounds", "temperature",
     "top_p", "frontier", "frontier_decay", "frontier_prior", "frontier_low", "frontier_high", "frontier_explore",
+    "rescue_k", "rescue_validation_tasks", "reanchor_every", "mixture_fraction", "router_per_family",
 )
-"""TrainConfig fields that only RL steps read (their batch, optimizer, loss, training rollouts and
-task frontier): a run with no RL step (a seed's warm start, the SFT-only control) is the same run
-whatever they are, so a file whose RL settings changed (an RL sweep, a file with more tasks per
-step) reuses its warm starts and controls instead of retraining them (tests/test_experiment_report.py
-holds the list to that)."""
+"""TrainConfig fields that only RL steps read (their batch, optimizer, loss, training rollouts, task
+frontier, and a rescue's settings: a run with no RL step has no rescue): a run with no RL step (a
+seed's warm start, the SFT-only control) is the same run whatever they are, so a file whose RL
+settings changed (an RL sweep, a file with more tasks per step, a Harness-S file on another file's
+warm starts) reuses its warm starts and controls instead of retraining them
+(tests/test_experiment_report.py holds the list to that)."""
 
 
 SAME_NUMBERS_FIELDS = ("activation_checkpointing",)

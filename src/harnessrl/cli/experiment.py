@@ -53,6 +53,7 @@ def run_experiment_cli(args: argparse.Namespace) -> int:
         write_record,
     )
     from harnessrl.harness.registry import default_space
+    from harnessrl.tasks.suite import select_tasks
 
     spec = load_experiment(args.file)
     out = Path(args.out or f"experiments/{spec.name}")
@@ -72,12 +73,15 @@ def run_experiment_cli(args: argparse.Namespace) -> int:
                   f"demonstrations under the {warm.design} design -> {out / 'warm-start'}")
         targets = resolve_eval_set(spec.eval.configs, make_design(default_space(), spec.eval.design, seed=spec.eval.seed),
                                    held_out=spec.eval.held_out, seed=spec.eval.seed)
+        # the test tasks the arms are evaluated on: eval.tasks of the split, or all it has of the file's tiers and families
+        tasks = len(select_tasks(first.suite, first.eval_split, spec.eval.tasks, spec.eval.seed, first.tiers, first.families))
         sides: Counter[str] = Counter()
         for t in targets:  # agent programs run on the first eval.external_tasks tasks, if it is set
             agent = t.name.startswith(EXTERNAL_PREFIX) and spec.eval.external_tasks is not None
             sides["in-space" if t.group in ("in_space", "train") else "out-of-space"] += (
-                spec.eval.external_tasks if agent else spec.eval.tasks) * spec.eval.k
-        print("evaluation per arm and seed: " + ", ".join(f"{n} {side} episodes" for side, n in sorted(sides.items())))
+                min(spec.eval.external_tasks or 0, tasks) if agent else tasks) * spec.eval.k
+        short = f" (the {first.eval_split} split has {tasks} of the {spec.eval.tasks} tasks asked)" if tasks < spec.eval.tasks else ""
+        print("evaluation per arm and seed: " + ", ".join(f"{n} {side} episodes" for side, n in sorted(sides.items())) + short)
         for arm in spec.arms:
             cfg = arm_config(spec, arm, spec.seeds[0], out)
             if arm.control == "sft-only":

@@ -289,8 +289,8 @@ def eval_additions(recorded: dict[str, Any] | None, evaluation: EvalSpec, evalua
     weights and merged into its results, as if asked for from the start (an agent program
     added to a finished file, say). None when the evaluation changed otherwise."""
     was, now = {**EvalSpec().model_dump(), **(recorded or {})}, evaluation.model_dump()
-    kept = {"configs"} | (set() if any(name.startswith(EXTERNAL_PREFIX) for name in evaluated) else {"external_tasks"})
-    if any(was[name] != now[name] for name in now if name not in kept) or not set(evaluated) <= set(targets):
+    free = {"configs"} | (set() if any(name.startswith(EXTERNAL_PREFIX) for name in evaluated) else {"external_tasks"})
+    if any(was[name] != now[name] for name in now if name not in free) or not set(evaluated) <= set(targets):
         return None
     return [name for name in targets if name not in evaluated]
 

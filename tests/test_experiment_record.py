@@ -110,6 +110,7 @@ def test_a_target_added_to_the_evaluation_is_evaluated_on_the_finished_weights_a
     import shutil
 
     from harnessrl.experiment import run_experiment
+    from harnessrl.trajectory import load_jsonl
 
     spec, out = finished_control
     wider = spec.model_copy(update={"eval": spec.eval.model_copy(update={"configs": "held-out,codex-like"})})
@@ -133,8 +134,8 @@ def test_a_target_added_to_the_evaluation_is_evaluated_on_the_finished_weights_a
     scratch = json.loads((fresh / "arms" / "sft-only-seed5" / "arm_result.json").read_text())
     for key in ("per_config", "per_group"):
         assert after["results"][key] == scratch["results"][key]
-    assert [t["config"] for t in _lines(marker.parent / "eval" / "experiment.jsonl")] == \
-        [t["config"] for t in _lines(fresh / "arms" / "sft-only-seed5" / "eval" / "experiment.jsonl")]
+    assert [t.config for t in load_jsonl(marker.parent / "eval" / "experiment.jsonl")] == \
+        [t.config for t in load_jsonl(fresh / "arms" / "sft-only-seed5" / "eval" / "experiment.jsonl")]
     lines.clear()
     run_experiment(wider, folder, log=lines.append, arms=["sft-only"])
     assert "[sft-only-seed5] finished earlier: skipped" in lines
@@ -143,7 +144,3 @@ def test_a_target_added_to_the_evaluation_is_evaluated_on_the_finished_weights_a
         with pytest.raises(ValueError, match="finished with another eval"):
             run_experiment(other, folder, log=lambda m: None, arms=["sft-only"])
     assert json.loads(marker.read_text()) == after
-
-
-def _lines(path):
-    return [json.loads(line) for line in path.read_text().splitlines()]

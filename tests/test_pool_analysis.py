@@ -3,6 +3,9 @@ regressions against H0 (locality), the oracle union against H0 resampled with th
 rollouts (complementarity), overlap of repair sets, and the `pool analyze` command."""
 
 import json
+from dataclasses import replace
+
+import pytest
 
 from harnessrl.cli import main
 from harnessrl.harness import HarnessLimits
@@ -79,3 +82,56 @@ def test_analysis_runs_h0_as_often_as_there_are_members(tmp_path):
                            backend="bwrap", env_workers=2)
     analysis = analyze_pool(small, FaultyPolicy(), tasks, settings)
     assert analysis["rollouts_per_task"] == 3 and analysis["tasks"] == 3 and len(analysis["siblings"]) == 2
+
+
+def test_analysis_resumes_from_its_journal_and_refuses_another_measurement(tmp_path):
+    """A kill leaves whole episodes and maybe half a line: the resumed analysis runs only the
+    episodes the journal lacks, takes the others from it, and equals an uninterrupted one."""
+    from harnessrl.rescue.analysis import analyze_pool
+    from harnessrl.rescue.pool import Pool
+    from harnessrl.rescue.runs import read_journal
+
+    pool = from_space(tmp_path / "p", BASE, radius=1)
+    small = Pool(pool.folder, pool.base, pool.members[:3], frozen=True)
+    tasks = list(load_suite("workspace").tasks("train", limit=4, seed=2))
+    settings = RolloutSettings(limits=HarnessLimits(max_turns=8, max_new_tokens=16_384, context_tokens=262_144),
+                               backend="bwrap", env_workers=2)
+    journal = tmp_path / "analysis" / "episodes.jsonl"
+    whole = analyze_pool(small, FaultyPolicy(), tasks, settings, journal=journal)
+    episodes = {job: t.passed for job, t in read_journal(journal).items()}
+    lines = journal.read_text().splitlines(keepends=True)
+    assert len(lines) == 4 * 2 + 4 * 3 == len(read_journal(journal))  # 2 siblings once, H0 three times
+
+    def without_time(analysis):
+        return {k: v for k, v in analysis.items() if k != "wall_time_s"}
+
+    # killed after seven episodes, in the middle of writing the eighth
+    kept = lines[:7]
+    journal.write_text("".join(kept) + lines[7][: len(lines[7]) // 2])
+    assert without_time(analyze_pool(small, FaultyPolicy(), tasks, settings, journal=journal)) == without_time(whole)
+    resumed = journal.read_text().splitlines(keepends=True)
+    assert resumed[:7] == kept and len(resumed) == len(lines)
+    assert {job: t.passed for job, t in read_journal(journal).items()} == episodes  # each once, the same results
+
+    # an episode in the journal is taken from it, not run again: flip one H0 reference result
+    first = json.loads(kept[0])
+    records = [json.loads(line) for line in resumed]
+    h0_first = next(r for r in records if r["metrics"]["tag_key"] == "H0" and r["metrics"]["tag_run"] == 0)
+    h0_first["passed"] = not h0_first["passed"]
+    journal.write_text("".join(json.dumps(r) + "\n" for r in records))
+    flipped = analyze_pool(small, FaultyPolicy(), tasks, settings, journal=journal)
+    assert flipped["h0_passed"] == whole["h0_passed"] + (1 if h0_first["passed"] else -1)
+    assert first["metrics"]["tag_key"] in {m.id for m in small.members}
+
+    # another measurement in the same folder: refused while this one is unfinished, naming what
+    # differs; once it finished, the other one replaces it
+    meta = journal.with_suffix(".json")
+    unfinished = {**json.loads(meta.read_text()), "finished": False}
+    meta.write_text(json.dumps(unfinished))
+    with pytest.raises(ValueError, match="temperature"):
+        analyze_pool(small, FaultyPolicy(), tasks, replace(settings, temperature=0.7), journal=journal)
+    with pytest.raises(ValueError, match="tasks"):
+        analyze_pool(small, FaultyPolicy(), tasks[:3], settings, journal=journal)
+    meta.write_text(json.dumps({**unfinished, "finished": True}))
+    other = analyze_pool(small, FaultyPolicy(), tasks[:3], settings, journal=journal)
+    assert other["tasks"] == 3 and len(read_journal(journal)) == 3 * 2 + 3 * 3

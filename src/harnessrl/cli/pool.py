@@ -88,7 +88,8 @@ def register(subparsers: Any) -> None:
                    "evolved on, else all)")
     a.add_argument("--tiers", default=None, help="comma-separated task tiers (default: those the pool was evolved "
                    "on, else all)")
-    a.add_argument("--out", default=None, help="report folder (default: DIR/analysis)")
+    a.add_argument("--out", default=None, help="report folder (default: DIR/analysis); it keeps each episode as it "
+                   "ends (episodes.jsonl), so the same command resumes an analysis cut short")
     a.add_argument("--json", action="store_true", help="print the analysis JSON")
     a.set_defaults(func=run_analyze)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
@@ -103,7 +104,9 @@ def _tasks(args: argparse.Namespace) -> list:
     return tasks
 
 
-def _policy_and_settings(args: argparse.Namespace, default_temperature: float) -> tuple[Any, Any]:
+def _policy_and_settings(args: argparse.Namespace, default_temperature: float) -> tuple[Any, Any, str]:
+    """Returns the policy, the rollout settings and what the policy was loaded from (a
+    checkpoint's absolute path, else the policy spec)."""
     from harnessrl.cli.eval import load_policy
     from harnessrl.harness.limits import resolve_limits
     from harnessrl.policy.scripted import SCRIPTED_POLICIES
@@ -114,7 +117,7 @@ def _policy_and_settings(args: argparse.Namespace, default_temperature: float) -
     temperature = default_temperature if args.temperature is None else args.temperature
     settings = RolloutSettings(limits=limits, temperature=temperature, seed=args.seed, backend=args.backend,
                                max_concurrent=args.concurrent, env_workers=args.workers, progress=not getattr(args, "json", False))
-    return policy, settings
+    return policy, settings, str(Path(spec).resolve()) if args.checkpoint else spec
 
 
 def run_from_space(args: argparse.Namespace) -> int:
@@ -161,7 +164,7 @@ def run_evolve(args: argparse.Namespace) -> int:
     from harnessrl.rescue.evolve import EvolutionConfig, evolve
     from harnessrl.rescue.llm import make_diagnoser, make_editor
 
-    policy, settings = _policy_and_settings(args, default_temperature=0.0 if args.group == 1 else 0.7)
+    policy, settings, _ = _policy_and_settings(args, default_temperature=0.0 if args.group == 1 else 0.7)
     config = EvolutionConfig(
         base=args.base, rounds=args.rounds, parents=args.parents, group=args.group,
         validate_tasks=args.validate_tasks, regression_budget=args.regression_budget,
@@ -182,15 +185,16 @@ def run_analyze(args: argparse.Namespace) -> int:
     from harnessrl.tasks.suite import select_tasks
 
     pool = Pool.load(args.dir)
-    policy, settings = _policy_and_settings(args, default_temperature=0.7)
+    policy, settings, source = _policy_and_settings(args, default_temperature=0.7)
     # The task distribution of the evolution, unless told otherwise: the analysis then measures
     # the pool on unseen tasks of the kind it was built for.
     evolved = (pool.meta or {}).get("evolution", {})
     families = args.families.split(",") if args.families else list(evolved.get("families") or []) or None
     tiers = [int(t) for t in args.tiers.split(",")] if args.tiers else list(evolved.get("tiers") or []) or None
     tasks = suite_named(args.suite, lambda: select_tasks(args.suite, args.split, args.limit, args.seed, tiers, families))
-    analysis = analyze_pool(pool, policy, tasks, settings)
     out = Path(args.out) if args.out else pool.folder / "analysis"
+    # Every episode is kept as it ends: the same command resumes an analysis cut short.
+    analysis = analyze_pool(pool, policy, tasks, settings, journal=out / "episodes.jsonl", policy_source=source)
     report = write_analysis(analysis, out)
     if args.json:
         print(json.dumps(analysis, indent=2))

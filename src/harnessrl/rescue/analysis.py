@@ -4,7 +4,8 @@ With N members (H0 included), each member runs every task once; H0 runs N times
 (seeds ``seed .. seed + N - 1``) and its first run is the reference. Then, per sibling:
 the failures of H0 it fixes and the successes it regresses (locality); the oracle union
 (a task counts when any member solves it) against H0 resampled with the same N rollouts
-per task (complementarity); and the overlap of the siblings' repair sets.
+per task (complementarity); and the overlap of the siblings' repair sets. With a journal the
+episodes are kept as they end, and a run cut short resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ import itertools
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from harnessrl.harness.siblings import BASE_ID
 from harnessrl.policy.base import Policy
 from harnessrl.rescue.pool import Pool
-from harnessrl.rescue.runs import pass_table, run_grid
+from harnessrl.rescue.runs import finish_journal, open_journal, pass_table, run_grid
 from harnessrl.rollout.settings import RolloutSettings
 from harnessrl.tasks.model import Task
 
@@ -64,14 +66,26 @@ def coverage_analysis(member_tables: dict[str, dict[str, bool]], h0_runs: Sequen
     }
 
 
-def analyze_pool(pool: Pool, policy: Policy, tasks: Sequence[Task], settings: RolloutSettings) -> dict[str, Any]:
-    """Runs the pool analysis (see the module docstring); returns it as a dict."""
+def analyze_pool(pool: Pool, policy: Policy, tasks: Sequence[Task], settings: RolloutSettings,
+                 journal: str | Path | None = None, policy_source: str | None = None) -> dict[str, Any]:
+    """Runs the pool analysis (see the module docstring); returns it as a dict. ``journal``: a
+    JSONL file that keeps every episode as it ends; an analysis of the same pool, policy, tasks
+    and settings resumes from it (``wall_time_s`` then counts this sitting only); another one
+    replaces it once it finished and is refused while it has not. ``policy_source`` says what the policy was loaded from (a checkpoint folder or a
+    policy spec; default its name), so that two checkpoints are never taken for one."""
     started = time.perf_counter()
     harnesses = list(pool.harnesses(settings.limits))
     siblings = [(key, h) for key, h in harnesses if key != BASE_ID]
     h0 = [(key, h) for key, h in harnesses if key == BASE_ID]
-    member_runs = run_grid(policy, siblings, tasks, settings, runs=1)
-    h0_trajectories = run_grid(policy, h0, tasks, settings, runs=len(harnesses))[BASE_ID]
+    if journal is not None:
+        journal = open_journal(journal, {
+            "pool": [m.id for m in pool.members], "base": pool.base, "policy": policy_source or policy.name,
+            "tasks": [t.id for t in tasks], "temperature": settings.temperature, "top_p": settings.top_p,
+            "seed": settings.seed, "max_new_tokens": settings.max_new_tokens, "limits": asdict(settings.limits)})
+    member_runs = run_grid(policy, siblings, tasks, settings, runs=1, journal=journal)
+    h0_trajectories = run_grid(policy, h0, tasks, settings, runs=len(harnesses), journal=journal)[BASE_ID]
+    if journal is not None:
+        finish_journal(journal)
     h0_runs = [pass_table([t for t in h0_trajectories if t.seed == settings.seed + r]) for r in range(len(harnesses))]
     tables = {BASE_ID: h0_runs[0], **{key: pass_table(ts) for key, ts in member_runs.items()}}
     analysis = coverage_analysis(tables, h0_runs)

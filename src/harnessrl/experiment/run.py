@@ -33,6 +33,7 @@ from harnessrl.experiment.spec import (
 )
 
 if TYPE_CHECKING:
+    from harnessrl.eval.evaluate import EvalResult
     from harnessrl.eval.sets import EvalTarget
     from harnessrl.rl.config import TrainConfig
 
@@ -226,7 +227,7 @@ def _run_arm(spec: ExperimentSpec, arm: ArmSpec, seed: int, cfg: TrainConfig, ta
     if done is not None:
         trajectories = load_jsonl(run_dir / "eval" / "experiment.jsonl") + trajectories
     save_jsonl(trajectories, run_dir / "eval" / "experiment.jsonl")
-    results = result.to_dict()
+    results = evaluated = result.to_dict()
     if done is None:
         record = {"arm": arm.model_dump(), "seed": seed, "config": cfg.model_dump(),
                   "train_configs": trainer.design.codes, "rollouts": executor_rollouts(run_dir),
@@ -239,7 +240,7 @@ def _run_arm(spec: ExperimentSpec, arm: ArmSpec, seed: int, cfg: TrainConfig, ta
         spent = round(time.time() - started, 1)
         record = {**done, "wall_time_s": round(done.get("wall_time_s", 0.0) + spent, 1), "added": [
             *done.get("added", []), {"targets": [t.name for t in todo], "wall_time_s": spent,
-                                     "timing": result.to_dict()["timing"], "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}]}
+                                     "timing": evaluated["timing"], "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}]}
     write_json_atomic(run_dir / MARKER, {**record, "eval": spec.eval.model_dump(), "results": results})
     in_space = results["per_group"].get("in_space", {}).get("pass_at_1")
     log(f"[{run_id}] evaluated: in-space Pass@1 {in_space}")
@@ -247,7 +248,7 @@ def _run_arm(spec: ExperimentSpec, arm: ArmSpec, seed: int, cfg: TrainConfig, ta
     del trainer
 
 
-def _evaluate(spec: ExperimentSpec, cfg: TrainConfig, trainer: Any, targets: Sequence[EvalTarget]) -> Any:
+def _evaluate(spec: ExperimentSpec, cfg: TrainConfig, trainer: Any, targets: Sequence[EvalTarget]) -> EvalResult:
     """Returns the evaluation of the trained run's rollout policy through ``targets`` on the
     experiment's test tasks (agent programs on the first ``external_tasks`` of them)."""
     from harnessrl.eval.evaluate import evaluate

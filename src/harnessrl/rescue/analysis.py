@@ -68,11 +68,13 @@ def coverage_analysis(member_tables: dict[str, dict[str, bool]], h0_runs: Sequen
 
 def analyze_pool(pool: Pool, policy: Policy, tasks: Sequence[Task], settings: RolloutSettings,
                  journal: str | Path | None = None, policy_source: str | None = None) -> dict[str, Any]:
-    """Runs the pool analysis (see the module docstring); returns it as a dict. ``journal``: a
-    JSONL file that keeps every episode as it ends; an analysis of the same pool, policy, tasks
-    and settings resumes from it (``wall_time_s`` then counts this sitting only); another one
-    replaces it once it finished and is refused while it has not. ``policy_source`` says what the policy was loaded from (a checkpoint folder or a
-    policy spec; default its name), so that two checkpoints are never taken for one."""
+    """Runs the pool analysis (see the module docstring); returns it as a dict.
+
+    ``journal``: a JSONL file that keeps every episode as it ends; an analysis of the same pool,
+    policy, tasks and settings resumes from it (``wall_time_s`` then counts this sitting only);
+    another one replaces it once it finished and is refused while it has not. ``policy_source``
+    says what the policy was loaded from (a checkpoint folder or a policy spec; default its
+    name), so that two checkpoints are never taken for one."""
     started = time.perf_counter()
     harnesses = list(pool.harnesses(settings.limits))
     siblings = [(key, h) for key, h in harnesses if key != BASE_ID]

@@ -96,7 +96,7 @@ experiment-cpu: setup
 # RL that learns: the SFT-only control against 30 GRPO steps with the task frontier and dynamic
 # sampling, two seeds side by side (configs/cpu_learn.yaml; results in docs/results.md).
 experiment-learn: setup
-	$(VENV)/bin/harnessrl experiment configs/cpu_learn.yaml --out experiments/cpu-learn --jobs 2 --arms sft-only,rl-frontier
+	$(VENV)/bin/harnessrl experiment configs/cpu_learn.yaml --out experiments/cpu-learn --jobs 2 --arms sft-only,rl-first-order
 
 # pytest exits 5 when it collects nothing: that is a broken suite, not a pass.
 # The suite runs in TEST_WORKERS pytest-xdist processes (one per core here), a test file to a

@@ -21,7 +21,7 @@ from harnessrl.policy.base import Policy
 from harnessrl.rollout.engine import RolloutJob
 from harnessrl.rollout.settings import RolloutSettings
 from harnessrl.tasks.model import Task
-from harnessrl.trajectory import Trajectory, save_jsonl
+from harnessrl.trajectory import Trajectory, iter_jsonl, save_jsonl
 
 JobKey = tuple[str, int, str, int]  # harness key, run, task id, seed
 
@@ -62,21 +62,17 @@ def read_journal(path: str | Path) -> dict[JobKey, Trajectory]:
     path = Path(path)
     if not path.is_file():
         return {}
-    data = path.read_bytes()
-    whole = data[: data.rfind(b"\n") + 1]
-    if len(whole) < len(data):
-        with path.open("r+b") as handle:
-            handle.truncate(len(whole))
+    with path.open("r+b") as handle:
+        size = handle.seek(0, 2)
+        if size and (handle.seek(size - 1), handle.read(1))[1] != b"\n":  # a torn last line
+            handle.seek(0)
+            handle.truncate(handle.read().rfind(b"\n") + 1)
     done: dict[JobKey, Trajectory] = {}
-    for number, line in enumerate(whole.decode("utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            trajectory = Trajectory.from_dict(json.loads(line))
-            key = (str(trajectory.metrics["tag_key"]), int(trajectory.metrics["tag_run"]), trajectory.task_id, trajectory.seed)
-        except (json.JSONDecodeError, TypeError, ValueError, KeyError) as exc:
-            raise ValueError(f"{path} line {number}: not an episode of this journal: {exc}") from None
-        done[key] = trajectory
+    for trajectory in iter_jsonl(path):
+        tags = trajectory.metrics
+        if "tag_key" not in tags or "tag_run" not in tags:
+            raise ValueError(f"{path}: an episode of {trajectory.task_id} without its job's tags: not a run_grid journal")
+        done[(str(tags["tag_key"]), int(tags["tag_run"]), trajectory.task_id, trajectory.seed)] = trajectory
     return done
 
 

@@ -94,7 +94,8 @@ experiment-cpu: setup
 	$(VENV)/bin/harnessrl experiment configs/cpu_ablation.yaml --out experiments/cpu-ablation --jobs 2 $(ARGS)
 
 # RL that learns: the SFT-only control against 30 GRPO steps with the task frontier and dynamic
-# sampling, two seeds side by side (configs/cpu_learn.yaml; results in docs/results.md).
+# sampling over the 3 first-order configurations, two seeds side by side (configs/cpu_learn.yaml;
+# results in docs/results.md).
 experiment-learn: setup
 	$(VENV)/bin/harnessrl experiment configs/cpu_learn.yaml --out experiments/cpu-learn --jobs 2 --arms sft-only,rl-first-order
 

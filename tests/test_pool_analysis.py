@@ -135,3 +135,22 @@ def test_analysis_resumes_from_its_journal_and_refuses_another_measurement(tmp_p
     meta.write_text(json.dumps({**unfinished, "finished": True}))
     other = analyze_pool(small, FaultyPolicy(), tasks[:3], settings, journal=journal)
     assert other["tasks"] == 3 and len(read_journal(journal)) == 3 * 2 + 3 * 3
+
+
+def test_an_episode_that_cannot_start_keeps_its_job_tags_for_the_journal(tmp_path, monkeypatch):
+    """A sandbox that fails to open gives a bare error record; it still names its job, so a
+    journal holding it resumes instead of refusing itself."""
+    from harnessrl.harness import Harness
+    from harnessrl.policy.scripted import OraclePolicy
+    from harnessrl.rescue.runs import read_journal, run_grid
+    from harnessrl.rollout import engine
+
+    def no_sandbox(**_kwargs):
+        raise OSError("no sandbox")
+
+    monkeypatch.setattr(engine, "open_sandbox", no_sandbox)
+    tasks = list(load_suite("workspace").tasks("train", limit=2, seed=0))
+    journal = tmp_path / "episodes.jsonl"
+    out = run_grid(OraclePolicy(), [("H0", Harness.named(BASE))], tasks, RolloutSettings(), runs=2, journal=journal)
+    assert [t.status for t in out["H0"]] == ["error"] * 4
+    assert sorted(read_journal(journal)) == sorted(("H0", r, t.id, r) for t in tasks for r in range(2))

@@ -198,6 +198,7 @@ class RolloutEngine:
         slot.trajectory = Trajectory(
             task_id=job.task.id, config=job.harness.code, harness=job.harness.code, status="error",
             error=error, policy=self.policy.name, seed=job.seed, out_of_space=job.harness.out_of_space,
+            metrics=_tag_metrics(job),
         )
         self._close(slot)
         return slot
@@ -206,7 +207,7 @@ class RolloutEngine:
         assert slot.episode is not None
         try:
             slot.trajectory = slot.episode.finish(self.policy.name)
-            slot.trajectory.metrics.update({f"tag_{k}": v for k, v in slot.job.tags.items()})
+            slot.trajectory.metrics.update(_tag_metrics(slot.job))
         finally:
             self._close(slot)
 
@@ -376,6 +377,11 @@ class RolloutEngine:
         stats.passed += bool(trajectory.passed)
         stats.sandbox_time_s += float(trajectory.metrics.get("sandbox_time_s", 0.0))
         stats.harness_time_s += float(trajectory.metrics.get("harness_time_s", 0.0))
+
+
+def _tag_metrics(job: RolloutJob) -> dict[str, Any]:
+    """A job's tags as its trajectory's metrics (``tag_<name>``), on every record, errors included."""
+    return {f"tag_{k}": v for k, v in job.tags.items()}
 
 
 def _progress_bar(total: int) -> Progress:
